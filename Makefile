@@ -1,0 +1,31 @@
+# Two commands: `make run` (install, then serve the starter model) and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test lint bench install
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "localllm needs Python 3.10 or newer"'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "Installing localllm (llama-cpp-python compiles from source the first time: about 5 minutes)"
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/localllm serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check localllm tests benchmarks
+	$(BIN)/ruff format --check localllm
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_decode.py

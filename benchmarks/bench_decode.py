@@ -1,0 +1,184 @@
+"""Decode speed and time to first token, four ways, in one run (issue: foundation).
+
+(a) a bare decode loop over llama-cpp-python's low-level API (sample + llama_decode),
+(b) llama-cpp-python's `Llama.create_completion(stream=True)`,
+(c) localllm's `LoadedModel.stream()`,
+(d) the localllm endpoint streamed through the official `openai` client.
+
+Every variant uses the starter model, two threads, greedy decoding, the same prompt
+text and the same number of new tokens. Rounds interleave the variants so that
+machine noise hits them alike; each round's prompt starts with a new number, so no
+variant answers from a cache. The median round is reported.
+
+    python benchmarks/bench_decode.py [--tokens 128] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import openai
+
+from benchmarks.common import Server, machine
+from localllm.backends.base import LoadOptions, SamplingParams
+from localllm.backends.llamacpp import LlamaCppBackend
+from localllm.models.store import ModelStore
+
+THREADS = 2
+NO_STORE = Path("/nonexistent")  # only the bundled starter model is used
+Result = tuple[float, float, int]  # ttft seconds, decode tokens/s, tokens
+
+
+def prompt_text(k: int) -> str:
+    return (f"<|im_start|>system\nSession {k}. You are a storyteller.<|im_end|>\n"
+            "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n"
+            "<|im_start|>assistant\n")
+
+
+def _rate(t0: float, t_first: float, t_last: float, n: int) -> Result:
+    return (t_first - t0, (n - 1) / (t_last - t_first) if n > 1 else 0.0, n)
+
+
+def bare_loop(path: str) -> Callable[[list[int], int], Result]:
+    import llama_cpp as ll
+
+    ll.llama_backend_init()
+    mp = ll.llama_model_default_params()
+    model = ll.llama_model_load_from_file(path.encode(), mp)
+    cp = ll.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = 4096, 512, 512
+    cp.n_threads = cp.n_threads_batch = THREADS
+    ctx = ll.llama_init_from_model(model, cp)
+    mem = ll.llama_get_memory(ctx)
+    smpl = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+    ll.llama_sampler_chain_add(smpl, ll.llama_sampler_init_greedy())
+    one = (ll.llama_token * 1)()
+
+    def run(tokens: list[int], n: int) -> Result:
+        ll.llama_memory_clear(mem, True)
+        t0 = time.perf_counter()
+        arr = (ll.llama_token * len(tokens))(*tokens)
+        ll.llama_decode(ctx, ll.llama_batch_get_one(arr, len(tokens)))
+        t_first = 0.0
+        for i in range(n):
+            tok = ll.llama_sampler_sample(smpl, ctx, -1)
+            if i == 0:
+                t_first = time.perf_counter()
+            if i < n - 1:
+                one[0] = tok
+                ll.llama_decode(ctx, ll.llama_batch_get_one(one, 1))
+        return _rate(t0, t_first, time.perf_counter(), n)
+
+    return run
+
+
+def llama_class(path: str) -> Callable[[list[int], int], Result]:
+    import llama_cpp
+
+    llm = llama_cpp.Llama(path, n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS,
+                          verbose=False)
+
+    def run(tokens: list[int], n: int) -> Result:
+        t0 = time.perf_counter()
+        t_first = t_last = 0.0
+        count = 0
+        for ev in llm.create_completion(tokens, max_tokens=n, temperature=0.0, stream=True):
+            if ev["choices"][0]["finish_reason"] is not None:  # type: ignore[index]
+                break  # the closing event carries no token
+            t_last = time.perf_counter()
+            if count == 0:
+                t_first = t_last
+            count += 1
+        return _rate(t0, t_first, t_last, count)
+
+    return run
+
+
+def ours(ref_path: str) -> Callable[[list[int], int], Result]:
+    ref = ModelStore(NO_STORE).resolve(ref_path)
+    model = LlamaCppBackend().load(ref, LoadOptions(n_threads=THREADS))
+
+    def run(tokens: list[int], n: int) -> Result:
+        t0 = time.perf_counter()
+        t_first = t_last = 0.0
+        count = 0
+        for chunk in model.stream(tokens, SamplingParams(temperature=0.0, max_tokens=n),
+                                  should_stop=lambda: False):
+            if chunk.tokens:
+                t_last = time.perf_counter()
+                if count == 0:
+                    t_first = t_last
+                count += len(chunk.tokens)
+        return _rate(t0, t_first, t_last, count)
+
+    return run
+
+
+def endpoint(base: str) -> Callable[[list[int], int], Result]:
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+    def run(tokens: list[int], n: int) -> Result:
+        t0 = time.perf_counter()
+        t_first = t_last = 0.0
+        count = 0
+        for ev in client.completions.create(model="starter", prompt=tokens, max_tokens=n,
+                                            temperature=0.0, stream=True,
+                                            stream_options={"include_usage": True}):
+            if ev.usage is not None:
+                count = ev.usage.completion_tokens
+            elif ev.choices and ev.choices[0].text:
+                t_last = time.perf_counter()
+                if t_first == 0.0:
+                    t_first = t_last
+        return _rate(t0, t_first, t_last, count)
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    ref = ModelStore(NO_STORE).resolve("starter")
+    path = str(ref.path)
+    server = Server("--threads", str(THREADS))
+    try:
+        c_model = ours("starter")
+        variants = {
+            "a": ("bare low-level loop", bare_loop(path)),
+            "b": ("Llama.create_completion stream", llama_class(path)),
+            "c": ("LoadedModel.stream()", c_model),
+            "d": ("endpoint via openai client", endpoint(server.base)),
+        }
+        tokenizer = LlamaCppBackend().load(ref, LoadOptions(n_threads=1))
+        results: dict[str, list[Result]] = {k: [] for k in variants}
+        for _, fn in variants.values():  # warm-up round, not counted
+            fn(tokenizer.tokenize(prompt_text(0), special=True), 8)
+        for r in range(1, args.rounds + 1):
+            tokens = tokenizer.tokenize(prompt_text(r), special=True)
+            for key, (_, fn) in variants.items():
+                results[key].append(fn(tokens, args.tokens))
+    finally:
+        server.stop()
+
+    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v),
+               min(x[2] for x in v)) for k, v in results.items()}
+    print(f"Machine: {machine()}")
+    print(f"Prompt {len(tokens)} tokens, {args.tokens} new tokens, greedy, {THREADS} threads, "
+          f"median of {args.rounds} interleaved rounds\n")
+    print("| variant | decode tokens/s | vs (a) | time to first token | tokens |")
+    print("|---|---:|---:|---:|---:|")
+    for key, (label, _) in variants.items():
+        ttft, tps, n = med[key]
+        print(f"| ({key}) {label} | {tps:.1f} | {tps / med['a'][1]:.3f} | {ttft * 1000:.1f} ms "
+              f"| {n} |")
+    print(f"\nTTFT (d) - (c): {(med['d'][0] - med['c'][0]) * 1000:+.1f} ms")
+
+
+if __name__ == "__main__":
+    main()

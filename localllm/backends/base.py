@@ -1,0 +1,131 @@
+"""The backend contract: plain dataclasses and the two protocols every backend implements.
+
+Nothing here imports an inference library; the rest of the app talks to models
+only through `Backend` and `LoadedModel`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import ClassVar, Literal, Protocol
+
+Role = Literal["system", "user", "assistant"]
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    role: Role
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 means greedy; max_tokens None means up to the context."""
+
+    temperature: float = 0.8
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    prompt_tokens: int
+    cached_tokens: int
+    generated_tokens: int
+    ttft_s: float  # request start to first generated token
+    decode_tps: float  # generated tokens per second after the first
+    draft_accepted: int = 0
+    draft_proposed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One streamed piece: complete UTF-8 text and the token ids it came from."""
+
+    text: str
+    tokens: tuple[int, ...]
+    from_draft: int = 0
+    finish_reason: FinishReason | None = None  # exactly one chunk of a stream carries it
+    stats: GenerationStats | None = None  # on the final chunk
+
+
+@dataclass(frozen=True, slots=True)
+class FimTokens:
+    prefix: int
+    suffix: int
+    middle: int
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRef:
+    """A resolved, local model: where it is and what it is, before anything is loaded."""
+
+    name: str
+    path: Path
+    format: Literal["gguf", "mlx"]
+    source: str  # "starter" | "store" | "path" | "hf-cache"
+    size_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    id: str
+    format: str
+    backend: str
+    device: str
+    n_ctx: int
+    n_ctx_train: int
+    chat_template: str | None
+    eog_ids: frozenset[int]
+    bos_id: int | None
+    add_bos: bool
+    quant: str
+    vocab_fingerprint: str
+    fim: FimTokens | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    n_ctx: int | None = None  # None: min(trained context, 4096)
+    n_threads: int | None = None  # None: physical cores
+    n_gpu_layers: int = -1  # -1: all layers when the build can offload
+    progress: Callable[[float], None] | None = None  # 0.0 .. 1.0 while loading
+
+
+class LoadedModel(Protocol):
+    info: ModelInfo
+
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
+
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    def render_chat(self, messages: Sequence[Message]) -> list[int]: ...
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        should_stop: Callable[[], bool],
+    ) -> Iterator[Chunk]: ...
+
+    def close(self) -> None: ...
+
+
+class Backend(Protocol):
+    name: ClassVar[str]
+
+    def available(self) -> bool: ...
+
+    def can_load(self, ref: ModelRef) -> bool: ...
+
+    def load(self, ref: ModelRef, options: LoadOptions) -> LoadedModel: ...

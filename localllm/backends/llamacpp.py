@@ -1,0 +1,394 @@
+"""The llama.cpp backend, over llama-cpp-python's low-level API.
+
+One context per loaded model, one sequence. Decoding goes through `llama_decode`
+and a native sampler chain, so Python does only a few native calls per token.
+The tokens already in the KV cache are remembered: a prompt that extends them
+(the next turn of a chat) is prefilled only past the shared prefix.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import importlib.util
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+from localllm.backends import chat_template
+from localllm.backends.base import (
+    Chunk,
+    FimTokens,
+    FinishReason,
+    GenerationStats,
+    LoadOptions,
+    Message,
+    ModelInfo,
+    ModelRef,
+    SamplingParams,
+)
+from localllm.backends.textstream import TextAssembler
+from localllm.errors import ContextOverflow, InvalidRequest, LocalLLMError, ModelLoadError
+from localllm.hardware import physical_cores
+
+log = logging.getLogger(__name__)
+_native_log = logging.getLogger("localllm.llama_cpp")
+
+DEFAULT_MAX_CTX = 4096
+PENALTY_LAST_N = 64
+_LEVELS = {1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.DEBUG}
+_state: dict[str, Any] = {}  # keeps the native log callback alive; filled on first load
+
+
+def _ll() -> Any:
+    """Import llama_cpp once, route its native logging into `logging`, init the backend."""
+    import llama_cpp as ll
+
+    if "log_cb" not in _state:
+
+        def on_log(level: int, text: bytes, _user: Any) -> None:
+            if _native_log.isEnabledFor(logging.DEBUG):
+                _native_log.log(
+                    _LEVELS.get(level, logging.DEBUG), text.decode("utf-8", "replace").rstrip()
+                )
+
+        _state["log_cb"] = ll.llama_log_callback(on_log)
+        ll.llama_log_set(_state["log_cb"], ctypes.c_void_p(0))
+        ll.llama_backend_init()
+    return ll
+
+
+def _device(ll: Any, n_gpu_layers: int) -> str:
+    if n_gpu_layers == 0:
+        return "cpu"
+    info = ll.llama_print_system_info().decode("utf-8", "replace").upper()
+    for name in ("CUDA", "METAL", "VULKAN", "HIP", "SYCL"):
+        if name in info:
+            return name.lower()
+    return "gpu"
+
+
+class LlamaCppBackend:
+    name: ClassVar[str] = "llamacpp"
+
+    def available(self) -> bool:
+        return importlib.util.find_spec("llama_cpp") is not None
+
+    def can_load(self, ref: ModelRef) -> bool:
+        return ref.format == "gguf"
+
+    def load(self, ref: ModelRef, options: LoadOptions) -> LlamaCppModel:
+        return LlamaCppModel(ref, options)
+
+
+class LlamaCppModel:
+    """A GGUF model and its context. Not thread-safe: the engine worker is its only user."""
+
+    def __init__(self, ref: ModelRef, options: LoadOptions) -> None:
+        ll = self._ll = _ll()
+        mparams = ll.llama_model_default_params()
+        offload = ll.llama_supports_gpu_offload()
+        n_gpu = 0 if not offload else (999 if options.n_gpu_layers < 0 else options.n_gpu_layers)
+        mparams.n_gpu_layers = n_gpu
+        self._progress_cb = None
+        if options.progress is not None:
+            report = options.progress
+
+            def on_progress(fraction: float, _user: Any) -> bool:
+                report(float(fraction))
+                return True
+
+            self._progress_cb = ll.llama_progress_callback(on_progress)
+            mparams.progress_callback = self._progress_cb
+        model = ll.llama_model_load_from_file(str(ref.path).encode(), mparams)
+        if not model:
+            raise ModelLoadError(
+                str(ref.path), "llama.cpp could not read it (see --log-level debug)"
+            )
+        self._model = model
+        self._vocab = ll.llama_model_get_vocab(model)
+        n_ctx_train = int(ll.llama_model_n_ctx_train(model)) or DEFAULT_MAX_CTX
+        n_ctx = options.n_ctx or min(n_ctx_train, DEFAULT_MAX_CTX)
+        threads = options.n_threads or physical_cores()
+        cparams = ll.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = min(n_ctx, 512)
+        cparams.n_ubatch = min(n_ctx, 512)
+        cparams.n_seq_max = 1
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.no_perf = True
+        ctx = ll.llama_init_from_model(model, cparams)
+        if not ctx:
+            ll.llama_model_free(model)
+            raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens")
+        self._ctx = ctx
+        self._mem = ll.llama_get_memory(ctx)
+        self._n_batch = int(cparams.n_batch)
+        self._kv_tokens: list[int] = []
+        self._piece_cache: dict[int, bytes] = {}
+        self._piece_buf = ctypes.create_string_buffer(256)
+        self._one = (ll.llama_token * 1)()
+        self.info = self._describe(ref, n_ctx, n_ctx_train, _device(ll, n_gpu), threads)
+        if options.progress is not None:
+            options.progress(1.0)
+
+    # -- metadata ------------------------------------------------------------------
+    def _describe(
+        self, ref: ModelRef, n_ctx: int, n_ctx_train: int, device: str, threads: int
+    ) -> ModelInfo:
+        ll, vocab = self._ll, self._vocab
+        n_vocab = int(ll.llama_vocab_n_tokens(vocab))
+        eog = set()
+        digest = hashlib.sha256()
+        for tok in range(n_vocab):
+            if ll.llama_vocab_is_eog(vocab, tok):
+                eog.add(tok)
+            digest.update((b"\x00" if tok else b"") + (ll.llama_vocab_get_text(vocab, tok) or b""))
+        raw_template = ll.llama_model_chat_template(self._model, None)
+        fim_ids = (
+            ll.llama_vocab_fim_pre(vocab),
+            ll.llama_vocab_fim_suf(vocab),
+            ll.llama_vocab_fim_mid(vocab),
+        )
+        fim = FimTokens(*fim_ids) if all(i >= 0 for i in fim_ids) else None
+        bos = int(ll.llama_vocab_bos(vocab))
+        buf = ctypes.create_string_buffer(128)
+        ll.llama_model_desc(self._model, buf, len(buf))
+        desc = buf.value.decode("utf-8", "replace")
+        return ModelInfo(
+            id=ref.name,
+            format="gguf",
+            backend="llamacpp",
+            device=device if device != "cpu" else f"cpu ({threads} threads)",
+            n_ctx=n_ctx,
+            n_ctx_train=n_ctx_train,
+            chat_template=raw_template.decode("utf-8") if raw_template else None,
+            eog_ids=frozenset(eog),
+            bos_id=bos if bos >= 0 else None,
+            add_bos=bool(ll.llama_vocab_get_add_bos(vocab)),
+            quant=desc.rsplit(" ", 1)[-1] if desc else "unknown",
+            vocab_fingerprint=digest.hexdigest()[:16],
+            fim=fim,
+            extra={"description": desc},
+        )
+
+    # -- text ----------------------------------------------------------------------
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        """Token ids for `text`, without BOS; `special` parses control tokens like <|im_end|>."""
+        return self._tokenize(text.encode("utf-8"), add_special=False, parse_special=special)
+
+    def _tokenize(self, data: bytes, *, add_special: bool, parse_special: bool) -> list[int]:
+        ll = self._ll
+        cap = len(data) + 8
+        buf = (ll.llama_token * cap)()
+        n = ll.llama_tokenize(self._vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (ll.llama_token * cap)()
+            n = ll.llama_tokenize(
+                self._vocab, data, len(data), buf, cap, add_special, parse_special
+            )
+        return list(buf[:n])
+
+    def _piece(self, token: int) -> bytes:
+        """The bytes of one generated token (control tokens render as nothing)."""
+        piece = self._piece_cache.get(token)
+        if piece is None:
+            piece = self._piece_cache[token] = self._token_bytes(token, special=False)
+        return piece
+
+    def _token_bytes(self, token: int, *, special: bool) -> bytes:
+        ll, buf = self._ll, self._piece_buf
+        n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
+        return bytes(buf.raw[:n])
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text for tokens, control tokens included: the inverse of tokenize(special=True)."""
+        data = b"".join(self._token_bytes(t, special=True) for t in tokens)
+        return data.decode("utf-8", "replace")
+
+    def render_chat(self, messages: Sequence[Message]) -> list[int]:
+        ll, vocab = self._ll, self._vocab
+        bos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_bos(vocab)) or b""
+        eos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_eos(vocab)) or b""
+        text = chat_template.render(
+            self.info.chat_template,
+            messages,
+            bos_token=bos_text.decode("utf-8", "replace"),
+            eos_token=eos_text.decode("utf-8", "replace"),
+        )
+        tokens = self._tokenize(
+            text.encode("utf-8"), add_special=self.info.add_bos, parse_special=True
+        )
+        bos = self.info.bos_id
+        if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
+            tokens = tokens[1:]  # the template wrote BOS and the tokenizer added one too
+        return tokens
+
+    # -- generation ----------------------------------------------------------------
+    def _decode(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
+        """Evaluate tokens after the cached ones; False when cancelled part way."""
+        ll = self._ll
+        for start in range(0, len(tokens), self._n_batch):
+            if start and should_stop():
+                return False
+            part = tokens[start : start + self._n_batch]
+            arr = (ll.llama_token * len(part))(*part)
+            rc = ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, len(part)))
+            if rc != 0:
+                self._reset_kv()
+                raise LocalLLMError(f"llama_decode failed with code {rc} at prompt token {start}")
+            self._kv_tokens.extend(part)
+        return True
+
+    def _reset_kv(self) -> None:
+        self._ll.llama_memory_clear(self._mem, True)
+        self._kv_tokens = []
+
+    def _reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Drop the cached tokens past the common prefix; return how many are kept."""
+        cached = self._kv_tokens
+        n = 0
+        limit = min(len(cached), len(prompt) - 1)  # the last prompt token is always evaluated
+        while n < limit and cached[n] == prompt[n]:
+            n += 1
+        if n < len(cached):
+            if not self._ll.llama_memory_seq_rm(self._mem, 0, n, -1):
+                self._reset_kv()
+                return 0
+            del cached[n:]
+        return n
+
+    def _sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
+        ll = self._ll
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        add = ll.llama_sampler_chain_add
+        if params.repeat_penalty != 1.0:
+            add(
+                chain,
+                ll.llama_sampler_init_penalties(
+                    ll.llama_vocab_n_tokens(self._vocab),
+                    PENALTY_LAST_N,
+                    params.repeat_penalty,
+                    0.0,
+                    0.0,
+                ),
+            )
+        if params.temperature <= 0:
+            add(chain, ll.llama_sampler_init_greedy())
+        else:
+            if params.top_k > 0:
+                add(chain, ll.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                add(chain, ll.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                add(chain, ll.llama_sampler_init_min_p(params.min_p, 1))
+            add(chain, ll.llama_sampler_init_temp(params.temperature))
+            seed = params.seed if params.seed is not None else random.getrandbits(32)
+            add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        if params.repeat_penalty != 1.0:
+            for tok in history[-PENALTY_LAST_N:]:
+                ll.llama_sampler_accept(chain, tok)
+        return chain
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        should_stop: Callable[[], bool],
+    ) -> Iterator[Chunk]:
+        n_ctx, n_prompt = self.info.n_ctx, len(prompt)
+        if n_prompt == 0:
+            raise InvalidRequest("The prompt is empty (0 tokens).", param="prompt")
+        if n_prompt >= n_ctx:
+            raise ContextOverflow(n_prompt, n_ctx)
+        if params.max_tokens is not None and params.max_tokens < 1:
+            raise InvalidRequest(
+                f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens"
+            )
+        return self._generate(prompt, params, should_stop)
+
+    def _generate(
+        self, prompt: Sequence[int], params: SamplingParams, should_stop: Callable[[], bool]
+    ) -> Iterator[Chunk]:
+        ll, ctx = self._ll, self._ctx
+        t0 = time.perf_counter()
+        cached = self._reuse_prefix(prompt)
+        sampler = self._sampler(params, prompt)
+        try:
+            if not self._decode(prompt[cached:], should_stop):
+                yield self._final("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
+                return
+            limit = n_ctx_left = self.info.n_ctx - len(prompt)
+            if params.max_tokens is not None:
+                limit = min(params.max_tokens, n_ctx_left)
+            text = TextAssembler(params.stop)
+            eog, one, kv = self.info.eog_ids, self._one, self._kv_tokens
+            generated, t_first = 0, t0
+            finish: FinishReason = "length"
+            while generated < limit:
+                if should_stop():
+                    finish = "cancelled"
+                    break
+                tok = ll.llama_sampler_sample(sampler, ctx, -1)
+                if tok in eog:
+                    finish = "stop"
+                    break
+                generated += 1
+                if generated == 1:
+                    t_first = time.perf_counter()
+                piece = text.push(self._piece(tok))
+                if text.stopped:
+                    finish = "stop"
+                    yield Chunk(piece, (tok,))
+                    break
+                if generated < limit:
+                    one[0] = tok
+                    rc = ll.llama_decode(ctx, ll.llama_batch_get_one(one, 1))
+                    if rc != 0:
+                        self._reset_kv()
+                        raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
+                    kv.append(tok)
+                yield Chunk(piece, (tok,))
+            tail = "" if text.stopped else text.flush()
+            t_end = time.perf_counter()
+            yield self._final(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
+        finally:
+            ll.llama_sampler_free(sampler)
+
+    @staticmethod
+    def _final(
+        tail: str,
+        finish: FinishReason,
+        n_prompt: int,
+        cached: int,
+        generated: int,
+        t0: float,
+        t_first: float,
+        t_end: float,
+    ) -> Chunk:
+        tps = (generated - 1) / (t_end - t_first) if generated > 1 and t_end > t_first else 0.0
+        stats = GenerationStats(
+            prompt_tokens=n_prompt,
+            cached_tokens=cached,
+            generated_tokens=generated,
+            ttft_s=(t_first - t0) if generated else 0.0,
+            decode_tps=tps,
+        )
+        return Chunk(tail, (), finish_reason=finish, stats=stats)
+
+    def close(self) -> None:
+        ll = self._ll
+        if getattr(self, "_ctx", None):
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None

@@ -1,0 +1,347 @@
+"""The `localllm` command: serve, run, list, info."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+from localllm import __version__
+from localllm.config import DEFAULT_PORT, Settings, load_settings
+from localllm.errors import ConfigError, LocalLLMError, ModelNotFound
+
+log = logging.getLogger(__name__)
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one clear line (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"localllm: error: {message} (see '{self.prog} --help')\n")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not 0.0 <= value <= 2.0:
+        raise argparse.ArgumentTypeError(f"expected a value from 0 to 2, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="localllm",
+        description="Local LLM inference: chat and an "
+        "OpenAI-compatible endpoint on your own machine.",
+    )
+    parser.add_argument("--version", action="version", version=f"localllm {__version__}")
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="diagnostics on stderr (default: warning)",
+    )
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
+
+    def model_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--model", "-m", help="model name, path to a .gguf, or HF repo (default: starter)"
+        )
+        p.add_argument(
+            "--ctx",
+            type=_positive_int,
+            dest="n_ctx",
+            help="context size in tokens (default: min(trained, 4096))",
+        )
+        p.add_argument(
+            "--threads",
+            type=_positive_int,
+            dest="n_threads",
+            help="CPU threads (default: physical cores)",
+        )
+
+    serve = sub.add_parser("serve", help="serve the OpenAI-compatible endpoint")
+    model_flags(serve)
+    serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
+    serve.add_argument("--port", type=_port, help=f"port (default: {DEFAULT_PORT})")
+
+    run = sub.add_parser("run", help="answer one prompt on stdout")
+    run.add_argument("prompt", nargs="?", help="the prompt, or '-' to read it from stdin")
+    model_flags(run)
+    run.add_argument("--max-tokens", type=_positive_int, help="stop after this many tokens")
+    run.add_argument("--temperature", type=_temperature, help="0 = greedy (default: 0.8)")
+    run.add_argument("--seed", type=int, help="sampling seed, for repeatable answers")
+    run.add_argument("--system", help="a system prompt")
+    run.add_argument("--stats", action="store_true", help="print speed figures to stderr")
+
+    sub.add_parser("list", help="list local models")
+    info = sub.add_parser("info", help="describe a model (reads its header, not its weights)")
+    info.add_argument("model", help="model name, path or HF repo")
+    return parser
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+def _progress_printer(label: str) -> Callable[[float], None] | None:
+    """A one-line progress display on stderr, only where a person is watching."""
+    if not sys.stderr.isatty():
+        return None
+    last = [-1]
+
+    def show(fraction: float) -> None:
+        pct = int(fraction * 100)
+        if pct != last[0]:
+            last[0] = pct
+            bar = "#" * (pct // 5)
+            end = "\n" if pct >= 100 else ""
+            sys.stderr.write(f"\r{label} [{bar:<20}] {pct:3d}%{end}")
+            sys.stderr.flush()
+
+    return show
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = args.command or "serve"
+    if args.command is None:
+        args = parser.parse_args([*(argv or sys.argv[1:]), "serve"])
+    flags = {k: getattr(args, k, None) for k in ("model", "n_ctx", "n_threads", "host", "port")}
+    flags["log_level"] = args.log_level
+    try:
+        settings = load_settings(flags)
+    except ConfigError as exc:
+        sys.stderr.write(f"localllm: error: {exc.message}\n")
+        return EXIT_USAGE
+    _setup_logging(settings.log_level)
+    handlers: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+        "serve": cmd_serve,
+        "run": cmd_run,
+        "list": cmd_list,
+        "info": cmd_info,
+    }
+    try:
+        return handlers[command](settings, args)
+    except ModelNotFound as exc:
+        sys.stderr.write(f"localllm: error: {exc.message}\n")
+        return EXIT_USAGE
+    except LocalLLMError as exc:
+        sys.stderr.write(f"localllm: error: {exc.message}\n")
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+# -- commands -----------------------------------------------------------------------
+
+
+def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
+    from localllm.models.gguf import format_bytes, format_params, read_gguf
+    from localllm.models.store import ModelStore
+
+    rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE")]
+    for ref in ModelStore(settings.models_dir).models():
+        try:
+            meta = read_gguf(ref.path)
+            params, quant, ctx = format_params(meta.params), meta.quant, str(meta.n_ctx_train)
+        except LocalLLMError:
+            params, quant, ctx = "?", "unreadable", "?"
+        rows.append(
+            (ref.name, ref.format, params, quant, format_bytes(ref.size_bytes), ctx, ref.source)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.models.gguf import format_bytes, format_params, read_gguf
+    from localllm.models.store import ModelStore
+
+    ref = ModelStore(settings.models_dir).resolve(args.model)
+    meta = read_gguf(ref.path)
+    n_ctx = settings.n_ctx or min(meta.n_ctx_train or 4096, 4096)
+    head_dim = meta.n_embd // meta.n_head if meta.n_head else 0
+    kv_per_token = 2 * meta.n_layers * meta.n_head_kv * head_dim * 2  # K and V, f16
+    fim = "yes" if meta.fim_ids else "no"
+    fields = [
+        ("name", ref.name),
+        ("path", str(ref.path)),
+        ("source", ref.source),
+        ("format", ref.format),
+        ("architecture", meta.arch),
+        ("parameters", f"{format_params(meta.params)} ({meta.params:,})"),
+        ("quantization", meta.quant),
+        ("size", f"{format_bytes(meta.file_size)} ({meta.file_size:,} bytes)"),
+        ("trained context", f"{meta.n_ctx_train} tokens"),
+        ("default context", f"{n_ctx} tokens"),
+        ("layers", str(meta.n_layers)),
+        ("heads", f"{meta.n_head} (KV {meta.n_head_kv})"),
+        ("vocabulary", f"{meta.vocab_size} tokens (fingerprint {meta.vocab_fingerprint})"),
+        (
+            "KV cache",
+            f"{format_bytes(kv_per_token)} per token (f16), "
+            f"{format_bytes(kv_per_token * n_ctx)} at {n_ctx} tokens",
+        ),
+        ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
+        ("fill-in-middle", fim),
+        ("backend", "llamacpp (GGUF)"),
+    ]
+    width = max(len(k) for k, _ in fields)
+    for key, value in fields:
+        print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is None:
+        raise _UsageError("run needs a prompt: localllm run \"your question\" (or '-' for stdin)")
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise _UsageError("the prompt is empty")
+    return str(prompt)
+
+
+class _UsageError(Exception):
+    pass
+
+
+def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.backends.base import Message, SamplingParams
+    from localllm.engine.worker import Engine, Request
+
+    try:
+        prompt = _read_prompt(args)
+    except _UsageError as exc:
+        sys.stderr.write(f"localllm: error: {exc}\n")
+        return EXIT_USAGE
+    messages = [Message("user", prompt)]
+    if args.system:
+        messages.insert(0, Message("system", args.system))
+    defaults = SamplingParams()
+    params = SamplingParams(
+        temperature=defaults.temperature if args.temperature is None else args.temperature,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+    )
+    engine = Engine(settings)
+    cancel = threading.Event()
+    try:
+        engine.load(settings.model, progress=_progress_printer(f"Loading {settings.model}"))
+        final = None
+        try:
+            for chunk in engine.generate(Request(params, messages=messages), cancel=cancel):
+                if chunk.text:
+                    sys.stdout.write(chunk.text)
+                    sys.stdout.flush()
+                if chunk.finish_reason is not None:
+                    final = chunk
+        except KeyboardInterrupt:
+            cancel.set()
+            sys.stdout.write("\n")
+            return 130
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        if args.stats and final is not None and final.stats is not None:
+            s = final.stats
+            sys.stderr.write(
+                f"prompt {s.prompt_tokens} tokens ({s.cached_tokens} cached), "
+                f"generated {s.generated_tokens} tokens, first token {s.ttft_s * 1000:.0f} ms, "
+                f"{s.decode_tps:.1f} tokens/s, finish: {final.finish_reason}\n"
+            )
+    finally:
+        engine.close()
+    return 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); choose another port with --port"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from localllm.engine.worker import Engine
+    from localllm.server.app import create_app
+
+    engine = Engine(settings)
+    ref = engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
+    try:
+        sock = _bind(settings.host, settings.port)
+    except ConfigError as exc:
+        sys.stderr.write(f"localllm: error: {exc.message}\n")
+        return EXIT_USAGE
+    app = create_app(settings, engine)
+    debug = settings.log_level in ("debug", "info")
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level=settings.log_level, access_log=debug, lifespan="off")
+    )
+    failed: list[LocalLLMError] = []
+
+    def load() -> None:
+        try:
+            engine.load(
+                ref.path.as_posix() if ref.source == "path" else ref.name,
+                progress=_progress_printer(f"Loading {ref.name}"),
+            )
+        except LocalLLMError as exc:
+            failed.append(exc)
+            server.should_exit = True
+            return
+        sys.stderr.write(
+            f"localllm: serving {ref.name} at {settings.base_url()} (Ctrl-C to stop)\n"
+        )
+        sys.stderr.flush()
+
+    threading.Thread(target=load, name="localllm-load", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.close()
+    if failed:
+        sys.stderr.write(f"localllm: error: {failed[0].message}\n")
+        return 1
+    return 0

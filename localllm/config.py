@@ -1,0 +1,161 @@
+"""Settings, built once: defaults < TOML file < LOCALLLM_* environment < flags.
+
+The TOML file is `config.toml` in the user config directory, or the file named
+by `LOCALLLM_CONFIG`. Keys are the field names of `Settings`, for example::
+
+    port = 8642
+    model = "starter"
+    n_ctx = 4096
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from localllm.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+APP_NAME = "localllm"
+DEFAULT_PORT = 8642
+ENV_PREFIX = "LOCALLLM_"
+
+
+def _data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME))
+
+
+def _cache_dir() -> Path:
+    return Path(platformdirs.user_cache_dir(APP_NAME))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Everything configurable. Passed explicitly; never a module-level singleton."""
+
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    model: str = "starter"
+    n_ctx: int | None = None  # None: min(trained context, 4096)
+    n_threads: int | None = None  # None: physical cores
+    n_gpu_layers: int = -1  # -1: every layer when the build can offload
+    max_queue: int = 16  # requests waiting or running before 503
+    max_body_bytes: int = 8 * 1024 * 1024
+    stream_interval_ms: int = 20  # streamed text is framed at most this often (first at once)
+    log_level: str = "warning"
+    data_dir: Path = field(default_factory=_data_dir)
+    cache_dir: Path = field(default_factory=_cache_dir)
+
+    @property
+    def models_dir(self) -> Path:
+        """Where the model store keeps its models."""
+        return self.data_dir / "models"
+
+    def base_url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}/v1"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    """Turn a TOML or environment value into the field's type, or raise ConfigError."""
+    if value is None:
+        return None
+    kind = str(_FIELDS[name].type)
+    try:
+        if "Path" in kind:
+            return Path(str(value)).expanduser()
+        if "int" in kind:
+            if isinstance(value, bool):
+                raise ValueError("a boolean is not a number")
+            blank = isinstance(value, str) and value.strip().lower() in ("", "none", "auto")
+            if blank and "None" in kind:
+                return None
+            return int(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {name} = {value!r} is not valid ({exc})") from None
+
+
+def config_path(env: Mapping[str, str]) -> Path:
+    """The TOML file to read: LOCALLLM_CONFIG, else config.toml in the user config dir."""
+    explicit = env.get(ENV_PREFIX + "CONFIG")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"Cannot read config file {path}: {exc}") from None
+    unknown = sorted(set(raw) - set(_FIELDS))
+    if unknown:
+        raise ConfigError(
+            f"Unknown key(s) in {path}: {', '.join(unknown)}. Known keys: {', '.join(_FIELDS)}."
+        )
+    return {k: _coerce(k, v, str(path)) for k, v in raw.items()}
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    values = {}
+    for name in _FIELDS:
+        key = ENV_PREFIX + name.upper()
+        if key in env:
+            values[name] = _coerce(name, env[key], key)
+    return values
+
+
+def load_settings(
+    flags: Mapping[str, Any] | None = None, *, env: Mapping[str, str] | None = None
+) -> Settings:
+    """Build Settings from defaults, the TOML file, the environment and flags (in that order).
+
+    Flags whose value is None are treated as not given.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = {}
+    values.update(_from_file(config_path(env)))
+    values.update(_from_env(env))
+    for key, value in (flags or {}).items():
+        if value is None:
+            continue
+        if key not in _FIELDS:
+            raise ConfigError(f"Unknown setting '{key}'")
+        values[key] = value
+    settings = Settings(**values)
+    _validate(settings)
+    return settings
+
+
+def _validate(s: Settings) -> None:
+    if not 0 < s.port < 65536:
+        raise ConfigError(f"port must be between 1 and 65535, got {s.port}")
+    if s.n_ctx is not None and s.n_ctx < 16:
+        raise ConfigError(f"n_ctx must be at least 16 tokens, got {s.n_ctx}")
+    if s.n_threads is not None and s.n_threads < 1:
+        raise ConfigError(f"n_threads must be at least 1, got {s.n_threads}")
+    if s.max_queue < 1:
+        raise ConfigError(f"max_queue must be at least 1, got {s.max_queue}")
+    if not 0 <= s.stream_interval_ms <= 1000:
+        raise ConfigError(f"stream_interval_ms must be 0 to 1000, got {s.stream_interval_ms}")
+    if s.max_body_bytes < 1024:
+        raise ConfigError(f"max_body_bytes must be at least 1024, got {s.max_body_bytes}")

@@ -1,0 +1,1 @@
+"""The runtime every client (CLI, endpoint, TUI) shares."""

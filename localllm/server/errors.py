@@ -1,0 +1,83 @@
+"""Every failure leaves the endpoint in OpenAI's error shape; no stack trace reaches a client."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from localllm.errors import LocalLLMError, ServerBusy
+from localllm.server.protocol import error_body
+
+log = logging.getLogger(__name__)
+
+
+def error_response(
+    status: int,
+    message: str,
+    err_type: str,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(message, err_type, param, code), status, headers=headers)
+
+
+def local_error_response(exc: LocalLLMError) -> JSONResponse:
+    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, ServerBusy) else None
+    return error_response(exc.status, exc.message, exc.error_type, exc.param, exc.code, headers)
+
+
+def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
+    """One readable sentence for a pydantic error, and the field it is about."""
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    # drop pydantic's union-branch markers such as 'str' / 'list[TextPart]'
+    loc = [p for p in loc if not (p[:1].islower() and ("[" in p or p in ("str", "int")))]
+    field = ".".join(loc) or None
+    if err.get("type") == "json_invalid":
+        ctx = err.get("ctx", {}).get("error", "")
+        return f"The request body is not valid JSON: {ctx}".rstrip(": "), None
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if err.get("type") == "missing":
+        return f"'{field}' is required", field
+    if field is None:
+        return f"The request body is invalid: {msg}", None
+    value = err.get("input")
+    shown = repr(value) if isinstance(value, (int, float, str, bool)) and value is not None else ""
+    suffix = f" (got {shown})" if shown and len(shown) < 80 else ""
+    return f"Invalid value for '{field}': {msg}{suffix}", field
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(LocalLLMError)
+    async def _local(_: Request, exc: LocalLLMError) -> JSONResponse:
+        if exc.status >= 500:
+            log.error("%s", exc.message)
+        return local_error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        message, field = _describe(errors[0]) if errors else ("invalid request", None)
+        if len(errors) > 1:
+            message += f" (and {len(errors) - 1} more problem(s))"
+        code = (
+            "invalid_json"
+            if errors and errors[0].get("type") == "json_invalid"
+            else ("invalid_value")
+        )
+        return error_response(400, message, "invalid_request_error", field, code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return error_response(500, f"Internal error: {type(exc).__name__}", "server_error")

@@ -1,0 +1,228 @@
+"""OpenAI wire shapes: request schemas (pydantic) and response builders.
+
+This is the only module that knows what the JSON on the wire looks like.
+Responses are built as plain dicts: one is built per streamed token, so they
+must be cheap.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from localllm.backends.base import FinishReason, GenerationStats, Message, SamplingParams
+
+MAX_STOP_STRINGS = 16
+
+
+class _Wire(BaseModel):
+    # Clients send many optional OpenAI fields (user, logprobs=false, ...): ignore unknown keys.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(_Wire):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Wire):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+
+    def to_message(self) -> Message:
+        if isinstance(self.content, list):
+            text = "".join(part.text for part in self.content)
+        else:
+            text = self.content or ""
+        role = "system" if self.role == "developer" else self.role
+        return Message(role=role, content=text)
+
+
+class StreamOptions(_Wire):
+    include_usage: bool = False
+
+
+class _Sampling(_Wire):
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = Field(default=None, ge=1)
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, v: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(v, list) and len(v) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(v)}")
+        return v
+
+    @field_validator("n")
+    @classmethod
+    def _check_n(cls, v: int | None) -> int | None:
+        if v is not None and v != 1:
+            raise ValueError(f"only n=1 is supported, got n={v}")
+        return v
+
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+    def sampling(self) -> SamplingParams:
+        defaults = SamplingParams()
+        stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
+        return SamplingParams(
+            temperature=defaults.temperature if self.temperature is None else self.temperature,
+            top_p=defaults.top_p if self.top_p is None else self.top_p,
+            top_k=defaults.top_k if self.top_k is None else self.top_k,
+            min_p=defaults.min_p if self.min_p is None else self.min_p,
+            repeat_penalty=(
+                defaults.repeat_penalty if self.repeat_penalty is None else self.repeat_penalty
+            ),
+            seed=self.seed,
+            max_tokens=self.token_limit(),
+            stop=tuple(s for s in stop if s),
+        )
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    suffix: str | None = None
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: str | list[str] | list[int]) -> str | list[str] | list[int]:
+        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
+            raise ValueError(f"exactly one prompt is supported, got {len(v)}")
+        return v
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo=true is not supported")
+        return v
+
+
+# -- responses ------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def now() -> int:
+    return int(time.time())
+
+
+def usage(stats: GenerationStats | None, prompt_tokens: int, completion_tokens: int) -> dict:
+    cached = stats.cached_tokens if stats else 0
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def wire_finish(reason: FinishReason | None) -> str | None:
+    # "cancelled" never reaches a client that is still listening; report it as a stop.
+    return "stop" if reason == "cancelled" else reason
+
+
+def chat_completion(
+    rid: str, created: int, model: str, text: str, finish: FinishReason | None, use: dict
+) -> dict:
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": wire_finish(finish),
+            }
+        ],
+        "usage": use,
+    }
+
+
+def chat_chunk(
+    rid: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    finish: FinishReason | None = None,
+    *,
+    use: dict | None = None,
+    empty_choices: bool = False,
+) -> dict:
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": []
+        if empty_choices
+        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": wire_finish(finish)}],
+    }
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def completion(
+    rid: str,
+    created: int,
+    model: str,
+    text: str,
+    finish: FinishReason | None,
+    use: dict | None,
+    *,
+    empty_choices: bool = False,
+) -> dict:
+    body: dict[str, Any] = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": []
+        if empty_choices
+        else [{"index": 0, "text": text, "logprobs": None, "finish_reason": wire_finish(finish)}],
+    }
+    if use is not None:
+        body["usage"] = use
+    return body
+
+
+def model_list(names: list[str], created: int) -> dict:
+    return {
+        "object": "list",
+        "data": [
+            {"id": n, "object": "model", "created": created, "owned_by": "local"} for n in names
+        ],
+    }
+
+
+def error_body(message: str, err_type: str, param: str | None, code: str | None) -> dict:
+    return {"error": {"message": message, "type": err_type, "param": param, "code": code}}

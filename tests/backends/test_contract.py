@@ -1,0 +1,138 @@
+"""The backend contract, on the real starter model, for every available backend."""
+
+from __future__ import annotations
+
+import pytest
+
+from localllm.backends.base import Chunk, LoadedModel, Message, SamplingParams
+from localllm.errors import ContextOverflow
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
+NEVER = lambda: False  # noqa: E731
+
+
+def run(model: LoadedModel, prompt: list[int], params: SamplingParams) -> list[Chunk]:
+    return list(model.stream(prompt, params, should_stop=NEVER))
+
+
+def chat(model: LoadedModel, text: str) -> list[int]:
+    return model.render_chat([Message("user", text)])
+
+
+def generated(chunks: list[Chunk]) -> list[int]:
+    return [t for c in chunks for t in c.tokens]
+
+
+def test_tokenize_round_trip(loaded: LoadedModel):
+    text = "Hello, world! Ünïcödé 🎉 and code: def f(x): return x"
+    assert loaded.detokenize(loaded.tokenize(text)) == text
+
+
+def test_special_tokens_parse_only_when_asked(loaded: LoadedModel):
+    plain = loaded.tokenize("<|im_end|>")
+    special = loaded.tokenize("<|im_end|>", special=True)
+    assert len(special) == 1 and special[0] in loaded.info.eog_ids
+    assert len(plain) > 1
+
+
+def test_chat_template_from_gguf(loaded: LoadedModel):
+    text = loaded.detokenize(chat(loaded, "Hi"))
+    assert "<|im_start|>user\nHi<|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_max_tokens_exactly_and_one_final_chunk(loaded: LoadedModel):
+    chunks = run(loaded, chat(loaded, "Tell me a long story about a dragon."),
+                 SamplingParams(temperature=0.0, max_tokens=7))
+    finals = [c for c in chunks if c.finish_reason is not None]
+    assert len(finals) == 1 and chunks[-1] is finals[0]
+    assert finals[0].finish_reason == "length"
+    assert len(generated(chunks)) == 7
+    assert finals[0].stats is not None and finals[0].stats.generated_tokens == 7
+
+
+def test_greedy_is_deterministic_and_cached_prefix_matches_cold(loaded: LoadedModel):
+    prompt = chat(loaded, "List three colors.")
+    first = run(loaded, prompt, GREEDY)
+    # a different prompt in between, then the same one again: served partly from cache
+    run(loaded, chat(loaded, "Name a fruit."), SamplingParams(temperature=0.0, max_tokens=3))
+    again = run(loaded, prompt, GREEDY)
+    assert generated(first) == generated(again)
+    assert "".join(c.text for c in first) == "".join(c.text for c in again)
+    final = again[-1].stats
+    assert final is not None and final.cached_tokens > 0
+
+
+def test_seeded_sampling_repeats(loaded: LoadedModel):
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=12)
+    prompt = chat(loaded, "Invent a word.")
+    assert generated(run(loaded, prompt, params)) == generated(run(loaded, prompt, params))
+
+
+def test_stop_string_never_appears(loaded: LoadedModel):
+    prompt = chat(loaded, "Count from 1 to 10, separated by commas.")
+    free = "".join(c.text for c in run(loaded, prompt, SamplingParams(temperature=0.0,
+                                                                     max_tokens=30)))
+    assert "4" in free, free
+    stop = free[free.index("4") : free.index("4") + 2]  # e.g. "4," — may span tokens
+    chunks = run(loaded, prompt, SamplingParams(temperature=0.0, max_tokens=30, stop=(stop,)))
+    text = "".join(c.text for c in chunks)
+    assert stop not in text
+    assert text == free[: free.index(stop)]
+    assert chunks[-1].finish_reason == "stop"
+
+
+def test_non_ascii_output_is_valid_utf8(loaded: LoadedModel):
+    bos = [loaded.info.bos_id] if loaded.info.add_bos and loaded.info.bos_id is not None else []
+    prompt = bos + loaded.tokenize("Emoji party: 🎉🎉")
+    chunks = run(loaded, prompt, SamplingParams(temperature=0.0, max_tokens=9))
+    text = "".join(c.text for c in chunks)
+    assert any(ord(ch) > 127 for ch in text), text
+    assert "\ufffd" not in text
+    for c in chunks:
+        c.text.encode("utf-8")  # every chunk is whole characters
+
+
+def test_cancel_between_tokens(loaded: LoadedModel):
+    seen = []
+
+    def stop_after_three() -> bool:
+        return len(seen) >= 3
+
+    final = None
+    for c in loaded.stream(chat(loaded, "Write a long essay about rivers."),
+                           SamplingParams(temperature=0.0, max_tokens=200),
+                           should_stop=stop_after_three):
+        seen.extend(c.tokens)
+        final = c
+    assert final is not None and final.finish_reason == "cancelled"
+    assert len(seen) == 3
+
+
+def test_context_overflow_before_compute(loaded: LoadedModel):
+    n_ctx = loaded.info.n_ctx
+    prompt = loaded.tokenize("word " * (n_ctx + 10))
+    assert len(prompt) > n_ctx
+    with pytest.raises(ContextOverflow) as err:
+        loaded.stream(prompt, GREEDY, should_stop=NEVER)  # raises before iteration starts
+    assert err.value.prompt_tokens == len(prompt) and err.value.n_ctx == n_ctx
+    assert str(n_ctx) in err.value.message and str(len(prompt)) in err.value.message
+
+
+def test_generation_stops_at_end_of_context(loaded: LoadedModel):
+    n_ctx = loaded.info.n_ctx
+    base = chat(loaded, "Say anything.")
+    filler = loaded.tokenize(" x" * (n_ctx - len(base) - 4))
+    prompt = base[:-3] + filler + base[-3:]
+    room = n_ctx - len(prompt)
+    chunks = run(loaded, prompt, SamplingParams(temperature=0.0, max_tokens=100))
+    assert len(generated(chunks)) <= room
+    assert chunks[-1].finish_reason in ("length", "stop")
+
+
+def test_model_info(loaded: LoadedModel):
+    info = loaded.info
+    assert info.n_ctx == 2048 and info.n_ctx_train == 8192
+    assert info.eog_ids and 2 in info.eog_ids  # <|im_end|>
+    assert info.quant.upper().startswith("Q4_1")
+    assert len(info.vocab_fingerprint) == 16

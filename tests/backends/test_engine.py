@@ -1,0 +1,137 @@
+"""The engine worker on the real starter model (plus one scripted fake for a mid-stream crash)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localllm.backends.base import Chunk, Message, ModelRef, SamplingParams
+from localllm.config import Settings
+from localllm.engine import worker as worker_mod
+from localllm.engine.worker import Engine, Request
+from localllm.errors import ContextOverflow, LocalLLMError, ModelNotFound, ServerBusy
+from localllm.models.store import ModelStore
+
+
+@pytest.fixture
+def engine(settings: Settings, store: ModelStore) -> Iterator[Engine]:
+    eng = Engine(settings, store)
+    yield eng
+    eng.close()
+
+
+def ask(text: str, **params: object) -> Request:
+    return Request(SamplingParams(temperature=0.0, **params), messages=[Message("user", text)])  # type: ignore[arg-type]
+
+
+def test_generate_streams_and_counts(engine: Engine):
+    chunks = list(engine.generate(ask("Hi", max_tokens=5)))
+    assert chunks[-1].finish_reason == "length"
+    assert sum(len(c.tokens) for c in chunks) == 5
+    assert engine.totals["generated_tokens"] == 5 and engine.totals["requests"] == 1
+    assert engine.model_ref is not None and engine.model_ref.name == "starter"
+
+
+async def test_submit_async_started_then_chunks(engine: Engine):
+    stream = engine.submit(ask("Hi", max_tokens=4))
+    started = await stream.started()
+    assert started.model == "starter" and started.prompt_tokens > 5
+    chunks = [c async for c in stream]
+    assert [c.finish_reason for c in chunks].count("length") == 1
+    assert sum(len(c.tokens) for c in chunks) == 4
+
+
+async def test_closing_a_stream_cancels_generation(engine: Engine):
+    stream = engine.submit(ask("Write a very long essay about the history of ships.",
+                               max_tokens=500))
+    got = 0
+    async for c in stream:
+        got += len(c.tokens)
+        if got >= 3:
+            break
+    await stream.aclose()
+    for _ in range(200):
+        if engine.outstanding == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert engine.outstanding == 0
+    assert engine.totals["cancelled"] == 1
+    assert engine.totals["generated_tokens"] < 50  # stopped within a few tokens, not 500
+
+
+def test_queue_bound_gives_server_busy(tmp_path: Path, store: ModelStore):
+    eng = Engine(Settings(n_threads=2, max_queue=1, data_dir=tmp_path), store)
+    try:
+        running = eng.generate(ask("Write a long poem.", max_tokens=300))
+        next(running)  # the worker is now busy with it
+        with pytest.raises(ServerBusy) as err:
+            next(eng.generate(ask("Hi", max_tokens=2)))
+        assert err.value.limit == 1 and "limit 1" in err.value.message
+        running.close()  # cancels
+    finally:
+        eng.close()
+
+
+def test_errors_reach_the_caller_typed(engine: Engine):
+    with pytest.raises(ModelNotFound, match="Local models: starter"):
+        next(engine.generate(Request(SamplingParams(), prompt="x", model="no-such-model")))
+    long = "word " * 5000
+    with pytest.raises(ContextOverflow) as err:
+        next(engine.generate(ask(long)))
+    assert err.value.n_ctx == 4096 and err.value.prompt_tokens > 4096
+
+
+def test_request_naming_another_model_swaps(engine: Engine, store: ModelStore,
+                                            starter_ref: ModelRef):
+    store.models_dir.mkdir(parents=True)
+    (store.models_dir / "twin.gguf").symlink_to(starter_ref.path)
+    list(engine.generate(ask("Hi", max_tokens=2)))
+    assert engine.model_ref is not None and engine.model_ref.name == "starter"
+    twin = Request(SamplingParams(temperature=0.0, max_tokens=2),
+                   messages=[Message("user", "Hi")], model="twin")
+    list(engine.generate(twin))
+    assert engine.model_ref.name == "twin"
+    list(engine.generate(ask("Hi", max_tokens=2)))  # no model named: stays on twin
+    assert engine.model_ref.name == "twin"
+
+
+class _Crashy:
+    """A scripted model whose stream fails after two tokens: the case a real model can't stage."""
+
+    def __init__(self, real: object) -> None:
+        self._real = real
+        self.info = real.info  # type: ignore[attr-defined]
+
+    def render_chat(self, messages: list[Message]) -> list[int]:
+        return self._real.render_chat(messages)  # type: ignore[attr-defined,no-any-return]
+
+    def stream(self, prompt: list[int], params: SamplingParams, *, should_stop: object
+               ) -> Iterator[Chunk]:
+        yield Chunk("a", (1,))
+        yield Chunk("b", (2,))
+        raise RuntimeError("native failure")
+
+    def close(self) -> None:
+        self._real.close()  # type: ignore[attr-defined]
+
+
+def test_error_mid_stream_is_typed_and_worker_survives(engine: Engine,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    real_backend_for = worker_mod.backend_for
+
+    class Wrap:
+        def load(self, ref: ModelRef, options: object) -> _Crashy:
+            return _Crashy(real_backend_for(ref).load(ref, options))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_mod, "backend_for", lambda ref: Wrap())
+    got = []
+    with pytest.raises(LocalLLMError, match="internal error: native failure"):
+        for c in engine.generate(ask("Hi", max_tokens=5)):
+            got.append(c.text)
+    assert got == ["a", "b"]
+    assert engine.outstanding == 0
+    with pytest.raises(LocalLLMError):  # the worker thread is alive and still answering
+        list(engine.generate(ask("Hi", max_tokens=1)))

