@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from localllm.backends.base import FinishReason, GenerationStats, Message, SamplingParams
+from localllm.backends.base import Chunk, FinishReason, GenerationStats, Message, SamplingParams
 
 MAX_STOP_STRINGS = 16
 
@@ -45,7 +45,7 @@ class StreamOptions(_Wire):
     include_usage: bool = False
 
 
-class _Sampling(_Wire):
+class SamplingFields(_Wire):
     model: str | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -93,7 +93,7 @@ class _Sampling(_Wire):
         )
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
@@ -101,7 +101,7 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int]
     suffix: str | None = None
     echo: bool = False
@@ -132,13 +132,13 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(stats: GenerationStats | None, prompt_tokens: int, completion_tokens: int) -> dict:
-    cached = stats.cached_tokens if stats else 0
+def usage(stats: GenerationStats | None, prompt_tokens: int) -> dict:
+    completion_tokens = stats.generated_tokens if stats else 0
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens if stats else 0},
     }
 
 
@@ -147,72 +147,78 @@ def wire_finish(reason: FinishReason | None) -> str | None:
     return "stop" if reason == "cancelled" else reason
 
 
-def chat_completion(
-    rid: str, created: int, model: str, text: str, finish: FinishReason | None, use: dict
-) -> dict:
-    return {
-        "id": rid,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [
-            {
+class Shapes:
+    """The JSON bodies of one response: whole, or as stream frames."""
+
+    object_full = ""
+    object_chunk = ""
+    prefix = ""
+
+    def __init__(self, model: str, prompt_tokens: int) -> None:
+        self.id = new_id(self.prefix)
+        self.created = now()
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+
+    def _body(self, obj: str, choices: list[dict], use: dict | None = None) -> dict:
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
+        if use is not None:
+            body["usage"] = use
+        return body
+
+    def _choice(self, text: str, finish: FinishReason | None, *, whole: bool) -> dict:
+        raise NotImplementedError
+
+    def full(self, text: str, final: Chunk) -> dict:
+        choice = self._choice(text, final.finish_reason, whole=True)
+        return self._body(self.object_full, [choice], usage(final.stats, self.prompt_tokens))
+
+    def delta(self, text: str) -> dict:
+        return self._body(self.object_chunk, [self._choice(text, None, whole=False)])
+
+    def closing(self, final: Chunk, text: str, *, include_usage: bool) -> list[dict]:
+        out = [
+            self._body(self.object_chunk, [self._choice(text, final.finish_reason, whole=False)])
+        ]
+        if include_usage:
+            out.append(self._body(self.object_chunk, [], usage(final.stats, self.prompt_tokens)))
+        return out
+
+
+class ChatShapes(Shapes):
+    object_full, object_chunk, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def __init__(self, model: str, prompt_tokens: int) -> None:
+        super().__init__(model, prompt_tokens)
+        self._first = True
+
+    def _choice(self, text: str, finish: FinishReason | None, *, whole: bool) -> dict:
+        if whole:
+            return {
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": None,
                 "finish_reason": wire_finish(finish),
             }
-        ],
-        "usage": use,
-    }
+        delta: dict[str, str] = {"content": text} if text or self._first else {}
+        if self._first:
+            delta["role"] = "assistant"
+            self._first = False
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": wire_finish(finish)}
 
 
-def chat_chunk(
-    rid: str,
-    created: int,
-    model: str,
-    delta: dict[str, Any],
-    finish: FinishReason | None = None,
-    *,
-    use: dict | None = None,
-    empty_choices: bool = False,
-) -> dict:
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": []
-        if empty_choices
-        else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": wire_finish(finish)}],
-    }
-    if use is not None:
-        body["usage"] = use
-    return body
+class TextShapes(Shapes):
+    object_full = object_chunk = "text_completion"
+    prefix = "cmpl"
 
-
-def completion(
-    rid: str,
-    created: int,
-    model: str,
-    text: str,
-    finish: FinishReason | None,
-    use: dict | None,
-    *,
-    empty_choices: bool = False,
-) -> dict:
-    body: dict[str, Any] = {
-        "id": rid,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": []
-        if empty_choices
-        else [{"index": 0, "text": text, "logprobs": None, "finish_reason": wire_finish(finish)}],
-    }
-    if use is not None:
-        body["usage"] = use
-    return body
+    def _choice(self, text: str, finish: FinishReason | None, *, whole: bool) -> dict:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": wire_finish(finish)}
 
 
 def model_list(names: list[str], created: int) -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -57,99 +56,54 @@ def _interval(request: Request) -> float:
     return settings.stream_interval_ms / 1000.0
 
 
-def _usage(final: Chunk, prompt_tokens: int) -> dict:
-    generated = final.stats.generated_tokens if final.stats else 0
-    return wire.usage(final.stats, prompt_tokens, generated)
-
-
 def _sse(frames: object) -> StreamingResponse:
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(frames, media_type="text/event-stream", headers=headers)  # type: ignore[arg-type]
+
+
+async def _respond(
+    request: Request, body: wire.SamplingFields, req: EngineRequest, kind: type[wire.Shapes]
+) -> JSONResponse | StreamingResponse:
+    """Run a request; answer with one JSON body or an SSE stream in `kind`'s wire shape."""
+    stream = _engine(request).submit(req)
+    try:
+        started = await stream.started()  # errors before the first token keep their status
+    except BaseException:
+        stream.cancel()
+        raise
+    shapes = kind(started.model, started.prompt_tokens)
+    if not body.stream:
+        text, final = await _collect(stream, request)
+        return JSONResponse(shapes.full(text, final))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def closing(final: Chunk, text: str) -> list[dict]:
+        return shapes.closing(final, text, include_usage=include_usage)
+
+    return _sse(sse_frames(stream, shapes.delta, closing, interval_s=_interval(request)))
 
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat_completions(
     body: wire.ChatCompletionRequest, request: Request
 ) -> JSONResponse | StreamingResponse:
-    engine = _engine(request)
-    stream = engine.submit(
-        EngineRequest(
-            body.sampling(), messages=[m.to_message() for m in body.messages], model=body.model
-        )
-    )
-    try:
-        started = await stream.started()
-    except BaseException:
-        stream.cancel()
-        raise
-    rid, created, model = wire.new_id("chatcmpl"), wire.now(), started.model
-    if not body.stream:
-        text, final = await _collect(stream, request)
-        use = _usage(final, started.prompt_tokens)
-        return JSONResponse(
-            wire.chat_completion(rid, created, model, text, final.finish_reason, use)
-        )
-
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    first = True
-
-    def on_text(text: str) -> dict:
-        nonlocal first
-        delta = {"role": "assistant", "content": text} if first else {"content": text}
-        first = False
-        return wire.chat_chunk(rid, created, model, delta)
-
-    def on_final(final: Chunk, text: str) -> list[dict]:
-        out = []
-        if text or first:
-            out.append(on_text(text))
-        out.append(wire.chat_chunk(rid, created, model, {}, final.finish_reason))
-        if include_usage:
-            use = _usage(final, started.prompt_tokens)
-            out.append(wire.chat_chunk(rid, created, model, {}, use=use, empty_choices=True))
-        return out
-
-    return _sse(sse_frames(stream, on_text, on_final, interval_s=_interval(request)))
+    messages = [m.to_message() for m in body.messages]
+    req = EngineRequest(body.sampling(), messages=messages, model=body.model)
+    return await _respond(request, body, req, wire.ChatShapes)
 
 
 @router.post("/v1/completions", response_model=None)
 async def completions(
     body: wire.CompletionRequest, request: Request
 ) -> JSONResponse | StreamingResponse:
-    engine = _engine(request)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        req = EngineRequest(
-            body.sampling(), prompt_tokens=[int(t) for t in prompt], model=body.model
-        )
+        tokens = [int(t) for t in prompt]
+        req = EngineRequest(body.sampling(), prompt_tokens=tokens, model=body.model)
     else:
         text = prompt[0] if isinstance(prompt, list) else prompt
         req = EngineRequest(body.sampling(), prompt=str(text), suffix=body.suffix, model=body.model)
-    stream = engine.submit(req)
-    try:
-        started = await stream.started()
-    except BaseException:
-        stream.cancel()
-        raise
-    rid, created, model = wire.new_id("cmpl"), wire.now(), started.model
-    if not body.stream:
-        text, final = await _collect(stream, request)
-        use = _usage(final, started.prompt_tokens)
-        return JSONResponse(wire.completion(rid, created, model, text, final.finish_reason, use))
-
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    on_text: Callable[[str], dict] = lambda text: wire.completion(  # noqa: E731
-        rid, created, model, text, None, None
-    )
-
-    def on_final(final: Chunk, text: str) -> list[dict]:
-        out = [wire.completion(rid, created, model, text, final.finish_reason, None)]
-        if include_usage:
-            use = _usage(final, started.prompt_tokens)
-            out.append(wire.completion(rid, created, model, "", None, use, empty_choices=True))
-        return out
-
-    return _sse(sse_frames(stream, on_text, on_final, interval_s=_interval(request)))
+    return await _respond(request, body, req, wire.TextShapes)
 
 
 @router.get("/v1/models")

@@ -156,3 +156,21 @@ def test_non_streaming_usage_shape(server: ServerProcess, path: str):
     usage = httpx.post(server.base + path, json=body, timeout=30).json()["usage"]
     assert usage["completion_tokens"] == 2
     assert "cached_tokens" in usage["prompt_tokens_details"]
+
+
+async def test_health_is_503_until_a_model_is_loaded(settings, store):
+    """In-process app over an engine that has loaded nothing yet."""
+    from localllm.engine.worker import Engine
+    from localllm.server.app import create_app
+
+    engine = Engine(settings, store)
+    try:
+        transport = httpx.ASGITransport(app=create_app(settings, engine))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            r = await client.get("/health")
+            assert r.status_code == 503 and r.json()["status"] == "idle"
+            engine.load("starter")
+            r = await client.get("/health")
+            assert r.status_code == 200 and r.json()["model"] == "starter"
+    finally:
+        engine.close()
