@@ -20,6 +20,7 @@ from typing import Any, Literal
 from localllm.backends import backend_for
 from localllm.backends.base import (
     Chunk,
+    GenerationStats,
     LoadedModel,
     LoadOptions,
     Message,
@@ -289,17 +290,25 @@ class Engine:
             self._ensure_loaded(job.ref, job.progress)
             job.emit(_END)
             return
-        if job.cancel.is_set():
+        ref = job.ref or self._ref or self.store.resolve(self.settings.model)
+        if job.cancel.is_set():  # abandoned while it waited: end it the usual way
+            job.emit(Started(model=ref.name, prompt_tokens=0))
+            stats = GenerationStats(0, 0, 0, 0.0, 0.0)
+            job.emit(Chunk("", (), finish_reason="cancelled", stats=stats))
             job.emit(_END)
             return
-        ref = job.ref or self._ref or self.store.resolve(self.settings.model)
         model = self._ensure_loaded(ref)
         tokens = render_prompt(model, request)
         if len(tokens) >= model.info.n_ctx:
             raise ContextOverflow(len(tokens), model.info.n_ctx)
-        job.emit(Started(model=ref.name, prompt_tokens=len(tokens)))
+        started: Started | None = Started(model=ref.name, prompt_tokens=len(tokens))
         self.totals["requests"] += 1
         for chunk in model.stream(tokens, request.params, should_stop=job.cancel.is_set):
+            if started is not None:
+                # Sent with the first chunk, not before the prefill: the reply's headers are
+                # then written while the model decodes instead of competing with the prefill.
+                job.emit(started)
+                started = None
             if chunk.finish_reason is not None and chunk.stats is not None:
                 self.totals["prompt_tokens"] += chunk.stats.prompt_tokens
                 self.totals["generated_tokens"] += chunk.stats.generated_tokens
