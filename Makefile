@@ -1,4 +1,4 @@
-# Two commands: `make run` (install, then serve the starter model) and `make test`.
+# Two commands: `make run` (install, then open the chat on the starter model) and `make test`.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/localllm serve
+	$(BIN)/localllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check localllm tests benchmarks

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -85,6 +84,25 @@ def build_parser() -> argparse.ArgumentParser:
             help="CPU threads (default: physical cores)",
         )
 
+    chat = sub.add_parser("chat", help="open the terminal chat (the default command)")
+    chat.add_argument("model", nargs="?", help="model name, path to a .gguf, or HF repo")
+    chat.add_argument(
+        "--ctx",
+        type=_positive_int,
+        dest="n_ctx",
+        help="context size in tokens (default: min(trained, 4096))",
+    )
+    chat.add_argument(
+        "--threads",
+        type=_positive_int,
+        dest="n_threads",
+        help="CPU threads (default: physical cores)",
+    )
+    chat.add_argument("--port", type=_port, help=f"endpoint port (default: {DEFAULT_PORT})")
+    chat.add_argument(
+        "--no-serve", action="store_true", help="do not start the endpoint beside the chat"
+    )
+
     serve = sub.add_parser("serve", help="serve the OpenAI-compatible endpoint")
     model_flags(serve)
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
@@ -132,9 +150,9 @@ def _progress_printer(label: str) -> Callable[[float], None] | None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    command = args.command or "serve"
+    command = args.command or "chat"
     if args.command is None:
-        args = parser.parse_args([*(argv or sys.argv[1:]), "serve"])
+        args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "chat"])
     flags = {k: getattr(args, k, None) for k in ("model", "n_ctx", "n_threads", "host", "port")}
     flags["log_level"] = args.log_level
     try:
@@ -144,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     _setup_logging(settings.log_level)
     handlers: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
+        "chat": cmd_chat,
         "serve": cmd_serve,
         "run": cmd_run,
         "list": cmd_list,
@@ -284,40 +303,37 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.engine.worker import Engine
+    from localllm.history import History
+    from localllm.tui.app import ChatApp
+
+    engine = Engine(settings)
     try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(
-            f"cannot listen on {host}:{port} ({exc.strerror}); choose another port with --port"
-        ) from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
+        engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
+        history = History(settings.data_dir / "history.sqlite3")
+        try:
+            ChatApp(settings, engine, history=history, serve=not args.no_serve).run()
+        finally:
+            history.close()
+    finally:
+        engine.close()
+    return 0
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
-    import uvicorn
-
     from localllm.engine.worker import Engine
-    from localllm.server.app import create_app
+    from localllm.server.runner import bind, make_server
 
     engine = Engine(settings)
     ref = engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
     try:
-        sock = _bind(settings.host, settings.port)
+        sock = bind(settings.host, settings.port)
     except ConfigError as exc:
+        engine.close()
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
-    app = create_app(settings, engine)
-    debug = settings.log_level in ("debug", "info")
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level=settings.log_level, access_log=debug, lifespan="off")
-    )
+    server = make_server(settings, engine)
     failed: list[LocalLLMError] = []
 
     def load() -> None:

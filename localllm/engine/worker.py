@@ -68,6 +68,7 @@ class _Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     load_only: bool = False  # load (or swap to) ref, generate nothing
     progress: Callable[[float], None] | None = None
+    n_ctx: int | None = None  # with load_only: the context size to load with
 
 
 class ChunkStream:
@@ -170,12 +171,18 @@ class Engine:
 
     # -- loading -----------------------------------------------------------------
     def load(
-        self, name: str | None, *, progress: Callable[[float], None] | None = None
+        self,
+        name: str | None,
+        *,
+        progress: Callable[[float], None] | None = None,
+        n_ctx: int | None = None,
     ) -> ModelInfo:
-        """Load a model now (blocking), replacing the current one."""
+        """Load a model now (blocking), replacing the current one; n_ctx overrides the setting."""
         ref = self.store.resolve(name or self.settings.model)
         done: queue.Queue[Any] = queue.Queue()
-        job = _Job(Request(SamplingParams()), ref, done.put, load_only=True, progress=progress)
+        job = _Job(
+            Request(SamplingParams()), ref, done.put, load_only=True, progress=progress, n_ctx=n_ctx
+        )
         self._enqueue(job)
         item = done.get()
         if isinstance(item, BaseException):
@@ -184,17 +191,22 @@ class Engine:
         return self._model.info
 
     def _ensure_loaded(
-        self, ref: ModelRef, progress: Callable[[float], None] | None = None
+        self,
+        ref: ModelRef,
+        progress: Callable[[float], None] | None = None,
+        n_ctx: int | None = None,
     ) -> LoadedModel:
-        if self._model is not None and self._ref is not None and self._ref.path == ref.path:
-            return self._model
+        model = self._model
+        same_file = model is not None and self._ref is not None and self._ref.path == ref.path
+        if model is not None and same_file and n_ctx in (None, model.info.n_ctx):
+            return model
         if self._model is not None:
             log.info("unloading %s", self._ref.name if self._ref else "?")
             self._model.close()
             self._model, self._ref = None, None
         self.state = "loading"
         options = LoadOptions(
-            n_ctx=self.settings.n_ctx,
+            n_ctx=n_ctx or self.settings.n_ctx,
             n_threads=self.settings.n_threads,
             n_gpu_layers=self.settings.n_gpu_layers,
             progress=progress,
@@ -287,7 +299,7 @@ class Engine:
         request = job.request
         if job.load_only:
             assert job.ref is not None
-            self._ensure_loaded(job.ref, job.progress)
+            self._ensure_loaded(job.ref, job.progress, job.n_ctx)
             job.emit(_END)
             return
         ref = job.ref or self._ref or self.store.resolve(self.settings.model)

@@ -1,0 +1,205 @@
+"""Conversations on disk: SQLite in WAL mode under the user data directory.
+
+Each write is one transaction, so a crash or a kill leaves either the old or the
+new state, never a torn one. An answer is written when it ends (finished,
+stopped or failed), with its statistics.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    settings TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    created REAL NOT NULL,
+    stats TEXT,
+    in_context INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationSettings:
+    """Per-conversation generation settings; None means the app default."""
+
+    system_prompt: str = ""
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    n_ctx: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: getattr(self, k) for k in self.__dataclass_fields__})
+
+    @classmethod
+    def from_json(cls, text: str) -> ConversationSettings:
+        try:
+            raw = json.loads(text or "{}")
+        except json.JSONDecodeError:
+            raw = {}
+        return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: int
+    title: str
+    updated: float
+    settings: ConversationSettings = field(default_factory=ConversationSettings)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    id: int
+    role: str
+    content: str
+    stats: dict[str, Any] | None
+    in_context: bool
+
+
+class History:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(SCHEMA)
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- conversations -------------------------------------------------------------
+    def create(
+        self, title: str = "New chat", settings: ConversationSettings | None = None
+    ) -> Conversation:
+        now = time.time()
+        s = settings or ConversationSettings()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO conversations(title, created, updated, settings) VALUES (?,?,?,?)",
+                (title, now, now, s.to_json()),
+            )
+        cid = int(cur.lastrowid or 0)
+        self.set_last(cid)
+        return Conversation(cid, title, now, s)
+
+    def conversations(self) -> list[Conversation]:
+        rows = self._db.execute(
+            "SELECT id, title, updated, settings FROM conversations ORDER BY updated DESC, id DESC"
+        ).fetchall()
+        return [Conversation(r[0], r[1], r[2], ConversationSettings.from_json(r[3])) for r in rows]
+
+    def get(self, cid: int) -> Conversation | None:
+        r = self._db.execute(
+            "SELECT id, title, updated, settings FROM conversations WHERE id=?", (cid,)
+        ).fetchone()
+        return Conversation(r[0], r[1], r[2], ConversationSettings.from_json(r[3])) if r else None
+
+    def rename(self, cid: int, title: str) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Chat", cid)
+            )
+
+    def save_settings(self, cid: int, settings: ConversationSettings) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE conversations SET settings=? WHERE id=?", (settings.to_json(), cid))
+
+    def delete(self, cid: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM conversations WHERE id=?", (cid,))
+
+    def last(self) -> int | None:
+        r = self._db.execute("SELECT value FROM meta WHERE key='last_conversation'").fetchone()
+        if r is None:
+            return None
+        cid = int(r[0])
+        return cid if self.get(cid) else None
+
+    def set_last(self, cid: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO meta(key, value) VALUES ('last_conversation', ?)",
+                (str(cid),),
+            )
+
+    # -- messages ------------------------------------------------------------------
+    def add(self, cid: int, role: str, content: str, stats: dict[str, Any] | None = None) -> int:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO messages(conversation_id, role, content, created, stats) "
+                "VALUES (?,?,?,?,?)",
+                (cid, role, content, now, json.dumps(stats) if stats else None),
+            )
+            db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, cid))
+        return int(cur.lastrowid or 0)
+
+    def messages(self, cid: int) -> list[StoredMessage]:
+        rows = self._db.execute(
+            "SELECT id, role, content, stats, in_context FROM messages "
+            "WHERE conversation_id=? ORDER BY id",
+            (cid,),
+        ).fetchall()
+        return [
+            StoredMessage(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, bool(r[4]))
+            for r in rows
+        ]
+
+    def delete_message(self, mid: int) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM messages WHERE id=?", (mid,))
+
+    def drop_from_context(self, mids: list[int]) -> None:
+        """Keep messages in the history but leave them out of future prompts."""
+        with self._tx() as db:
+            db.executemany("UPDATE messages SET in_context=0 WHERE id=?", [(m,) for m in mids])
+
+    def prompts(self, limit: int = 200) -> list[str]:
+        """The user's earlier prompts, newest first, for recall with Up."""
+        rows = self._db.execute(
+            "SELECT content FROM messages WHERE role='user' ORDER BY id DESC LIMIT ?", (limit,)
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def export_markdown(self, cid: int) -> str:
+        conv = self.get(cid)
+        title = conv.title if conv else "Conversation"
+        out = [f"# {title}", ""]
+        if conv and conv.settings.system_prompt:
+            out += ["**System**", "", conv.settings.system_prompt, ""]
+        for m in self.messages(cid):
+            out += [f"**{'You' if m.role == 'user' else 'Assistant'}**", "", m.content, ""]
+        return "\n".join(out).rstrip() + "\n"

@@ -1,0 +1,532 @@
+"""The chat app: conversations on the left, the chat on the right, the model shared.
+
+Generation runs on the engine's thread; this app only reads chunks from the
+event loop, so typing, scrolling and switching conversations stay responsive.
+When `serve` is on, the OpenAI-compatible endpoint runs in this process on the
+same engine: one copy of the weights and one KV cache for the chat and the IDE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Label, ListItem, ListView, Markdown, Static
+
+from localllm.backends.base import Chunk, Message, SamplingParams
+from localllm.config import Settings
+from localllm.engine.worker import ChunkStream, Engine, Request
+from localllm.errors import ContextOverflow, LocalLLMError
+from localllm.hardware import available_memory, process_memory
+from localllm.history import Conversation, History
+from localllm.models.gguf import format_bytes
+from localllm.server.runner import BackgroundEndpoint
+from localllm.tui.screens.dialogs import ConfirmScreen, FullContextScreen, RenameScreen
+from localllm.tui.screens.model_picker import ModelPicker, describe
+from localllm.tui.screens.settings import SettingsScreen
+from localllm.tui.widgets.chat_input import ChatInput
+from localllm.tui.widgets.messages import ChatMessage
+from localllm.tui.widgets.status import StatusBar
+
+UI_INTERVAL_S = 0.05  # answer text reaches the screen at most 20 times a second
+CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
+NEW_TITLE = "New chat"
+
+
+class ChatApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "localllm"
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+l", "edit_last", "Edit last"),
+        Binding("f5", "copy_answer", "Copy answer"),
+        Binding("f9", "copy_code", "Copy code"),
+        Binding("ctrl+s", "export", "Export"),
+        Binding("f2", "rename", "Rename"),
+        Binding("f8", "delete_chat", "Delete chat"),
+        Binding("f3", "models", "Models"),
+        Binding("f4", "settings", "Settings"),
+        Binding("ctrl+q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        settings: Settings,
+        engine: Engine,
+        *,
+        history: History,
+        serve: bool = True,
+        live_status: bool = True,  # False: no live machine figures (for stable snapshots)
+        export_dir: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.settings = settings
+        self.engine = engine
+        self.history = history
+        self.serve = serve
+        self.live_status = live_status
+        self.export_dir = export_dir or Path.cwd()
+        self.endpoint: BackgroundEndpoint | None = None
+        self.conv: Conversation | None = None
+        self.generating = False
+        self._stream: ChunkStream | None = None
+        self.last_copied: str | None = None
+
+    # -- layout ----------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="body"):
+            with Vertical(id="sidebar"):
+                yield Static("Conversations", classes="title")
+                yield ListView(id="conversations")
+            with Vertical(id="main"):
+                yield VerticalScroll(id="chat")
+                yield ChatInput(id="input", recall=self.history.prompts())
+        yield StatusBar(id="status")
+        yield Footer()
+
+    @property
+    def status(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def chat(self) -> VerticalScroll:
+        return self.query_one("#chat", VerticalScroll)
+
+    @property
+    def prompt_box(self) -> ChatInput:
+        return self.query_one(ChatInput)
+
+    async def on_mount(self) -> None:
+        last = self.history.last()
+        conv = self.history.get(last) if last else None
+        if conv is None:
+            existing = self.history.conversations()
+            conv = existing[0] if existing else self.history.create(NEW_TITLE)
+        await self.refresh_sidebar()
+        await self.open_conversation(conv.id)
+        self.prompt_box.focus()
+        if self.serve:
+            self.endpoint = BackgroundEndpoint(self.settings, self.engine)
+            self.status.endpoint = (
+                self.endpoint.url
+                if self.endpoint.error is None
+                else f"endpoint off: port {self.settings.port} in use"
+            )
+            if self.endpoint.error:
+                self.notify(self.endpoint.error, title="Endpoint not started", severity="warning")
+        else:
+            self.status.endpoint = "endpoint off"
+        if self.live_status:
+            self.set_interval(2.0, self.refresh_memory)
+            self.refresh_memory()
+        self.load_model(self.settings.model, conv.settings.n_ctx)
+
+    def refresh_memory(self) -> None:
+        self.status.memory = f"mem {format_bytes(process_memory())}"
+
+    async def on_unmount(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+        if self.endpoint is not None:
+            await asyncio.to_thread(self.endpoint.stop)
+
+    # -- model -----------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
+    def load_model(self, name: str | None, n_ctx: int | None = None) -> None:
+        label = name or self.settings.model
+
+        def progress(fraction: float) -> None:
+            self.call_from_thread(setattr, self.status, "state", f"loading {label} {fraction:.0%}")
+
+        self.call_from_thread(setattr, self.status, "state", f"loading {label}")
+        try:
+            info = self.engine.load(name, progress=progress, n_ctx=n_ctx)
+        except LocalLLMError as exc:
+            self.call_from_thread(self._load_failed, exc.message)
+            return
+        ref = self.engine.model_ref
+
+        def done() -> None:
+            self.status.state = ""
+            self.status.model = ref.name if ref else info.id
+            self.status.device = f"{info.backend} {info.device}"
+            self.status.context = f"ctx 0/{info.n_ctx}"
+
+        self.call_from_thread(done)
+
+    def _load_failed(self, message: str) -> None:
+        self.status.state = "model not loaded"
+        self.notify(message, title="Could not load the model", severity="error", timeout=15)
+
+    # -- conversations -------------------------------------------------------------------
+    async def refresh_sidebar(self) -> None:
+        view = self.query_one("#conversations", ListView)
+        await view.clear()
+        convs = self.history.conversations()
+        await view.extend(ListItem(Label(c.title), id=f"conv-{c.id}") for c in convs)
+        if self.conv is not None:
+            ids = [c.id for c in convs]
+            if self.conv.id in ids:
+                view.index = ids.index(self.conv.id)
+
+    async def open_conversation(self, cid: int) -> None:
+        conv = self.history.get(cid)
+        if conv is None:
+            return
+        self.conv = conv
+        self.history.set_last(cid)
+        await self.chat.remove_children()
+        widgets = [
+            ChatMessage(m.role, m.content, stats=m.stats, in_context=m.in_context, message_id=m.id)
+            for m in self.history.messages(cid)
+        ]
+        if widgets:
+            await self.chat.mount_all(widgets)
+        self.chat.scroll_end(animate=False)
+        self.sub_title = conv.title
+
+    @on(ListView.Selected, "#conversations")
+    async def _switch(self, event: ListView.Selected) -> None:
+        item_id = event.item.id or ""
+        cid = int(item_id.removeprefix("conv-"))
+        if self.conv is None or cid != self.conv.id:
+            if self.generating:
+                self.action_stop()
+            await self.open_conversation(cid)
+        self.prompt_box.focus()
+
+    async def action_new_chat(self) -> None:
+        settings = self.conv.settings if self.conv else None
+        conv = self.history.create(NEW_TITLE, settings)
+        self.conv = conv
+        await self.refresh_sidebar()
+        await self.open_conversation(conv.id)
+        self.prompt_box.focus()
+
+    @work(exclusive=True, group="dialog")
+    async def action_rename(self) -> None:
+        if self.conv is None:
+            return
+        title = await self.push_screen_wait(RenameScreen(self.conv.title))
+        if title:
+            self.history.rename(self.conv.id, title)
+            self.conv = self.history.get(self.conv.id)
+            self.sub_title = title
+            await self.refresh_sidebar()
+
+    @work(exclusive=True, group="dialog")
+    async def action_delete_chat(self) -> None:
+        if self.conv is None:
+            return
+        if not await self.push_screen_wait(ConfirmScreen(f"Delete '{self.conv.title}'?")):
+            return
+        if self.generating:
+            self.action_stop()
+        self.history.delete(self.conv.id)
+        remaining = self.history.conversations()
+        target = remaining[0] if remaining else self.history.create(NEW_TITLE)
+        self.conv = None
+        await self.open_conversation(target.id)
+        await self.refresh_sidebar()
+
+    # -- sending and generating -------------------------------------------------------
+    @on(ChatInput.Submitted)
+    async def _submitted(self, event: ChatInput.Submitted) -> None:
+        if self.generating:
+            self.notify("An answer is still streaming: wait for it or press Esc to stop it.")
+            return
+        self.prompt_box.clear()
+        self.prompt_box.remember(event.text)
+        await self.send(event.text)
+
+    async def send(self, text: str) -> None:
+        assert self.conv is not None
+        mid = self.history.add(self.conv.id, "user", text)
+        if self.conv.title == NEW_TITLE:
+            self.history.rename(self.conv.id, _title_from(text))
+            self.conv = self.history.get(self.conv.id)
+            await self.refresh_sidebar()
+        await self.chat.mount(ChatMessage("user", text, message_id=mid))
+        self.chat.scroll_end(animate=False)
+        self.generate()
+
+    def _request(self, conv: Conversation) -> Request:
+        s = conv.settings
+        messages = [Message("system", s.system_prompt)] if s.system_prompt.strip() else []
+        messages += [
+            Message(m.role, m.content)  # type: ignore[arg-type]
+            for m in self.history.messages(conv.id)
+            if m.in_context and m.role in ("user", "assistant")
+        ]
+        defaults = SamplingParams()
+        params = SamplingParams(
+            temperature=defaults.temperature if s.temperature is None else s.temperature,
+            top_p=defaults.top_p if s.top_p is None else s.top_p,
+            max_tokens=s.max_tokens,
+        )
+        return Request(params, messages=messages)
+
+    @work(exclusive=True, group="generate", exit_on_error=False)
+    async def generate(self) -> None:
+        conv = self.conv
+        if conv is None:
+            return
+        self.generating = True
+        try:
+            await self._ensure_context_size(conv)
+            stream = await self._start(conv)
+            if stream is not None:
+                await self._stream_answer(conv, stream)
+        except LocalLLMError as exc:
+            self.notify(exc.message, title="Generation failed", severity="error", timeout=10)
+        finally:
+            self.generating = False
+            self._stream = None
+
+    async def _ensure_context_size(self, conv: Conversation) -> None:
+        want = conv.settings.n_ctx
+        info = self.engine.model_info
+        if want and info is not None and info.n_ctx != want:
+            self.status.state = f"reloading with a {want}-token context"
+            name = self.engine.model_ref.name if self.engine.model_ref else None
+            await asyncio.to_thread(self.engine.load, name, n_ctx=want)
+            self.status.state = ""
+            self.status.context = f"ctx 0/{want}"
+
+    async def _start(self, conv: Conversation) -> ChunkStream | None:
+        """Submit the conversation; on a full context ask the user, never cut silently."""
+        asked = False
+        while True:
+            stream = self.engine.submit(self._request(conv))
+            try:
+                await stream.started()
+                return stream
+            except ContextOverflow as exc:
+                if not asked:
+                    asked = True
+                    choice = await self.push_screen_wait(
+                        FullContextScreen(exc.prompt_tokens, exc.n_ctx)
+                    )
+                    if choice == "new":
+                        await self._move_last_prompt_to_new_chat(conv)
+                        return None
+                    if choice != "drop":
+                        return None
+                if not await self._drop_oldest_turn(conv, exc):
+                    return None
+
+    async def _drop_oldest_turn(self, conv: Conversation, exc: ContextOverflow) -> bool:
+        kept = [m for m in self.history.messages(conv.id) if m.in_context]
+        if len(kept) <= 1:
+            self.notify(
+                f"The prompt alone needs {exc.prompt_tokens:,} tokens and the context holds "
+                f"{exc.n_ctx:,}: shorten it or raise the context size in Settings (F4).",
+                severity="error",
+                timeout=15,
+            )
+            return False
+        drop = [kept[0].id]
+        if len(kept) > 2 and kept[1].role == "assistant":
+            drop.append(kept[1].id)
+        self.history.drop_from_context(drop)
+        self.notify(f"Dropped the oldest turn from the context ({len(drop)} messages).")
+        await self.open_conversation(conv.id)
+        return True
+
+    async def _move_last_prompt_to_new_chat(self, conv: Conversation) -> None:
+        msgs = self.history.messages(conv.id)
+        last_user = next((m for m in reversed(msgs) if m.role == "user"), None)
+        if last_user is None:
+            return
+        self.history.delete_message(last_user.id)
+        new = self.history.create(_title_from(last_user.content), conv.settings)
+        self.conv = new
+        await self.refresh_sidebar()
+        await self.open_conversation(new.id)
+        mid = self.history.add(new.id, "user", last_user.content)
+        await self.chat.mount(ChatMessage("user", last_user.content, message_id=mid))
+        stream = await self._start(new)
+        if stream is not None:
+            await self._stream_answer(new, stream)
+
+    async def _stream_answer(self, conv: Conversation, stream: ChunkStream) -> None:
+        self._stream = stream
+        answer = ChatMessage("assistant", "")
+        await self.chat.mount(answer)
+        self.chat.scroll_end(animate=False)
+        md = Markdown.get_stream(answer.body)
+        parts: list[str] = []
+        pending = ""
+        last_flush = 0.0
+        final: Chunk | None = None
+        try:
+            while True:
+                wait = (
+                    None if not pending else max(0.0, last_flush + UI_INTERVAL_S - time.monotonic())
+                )
+                try:
+                    chunk = await stream.next(wait)
+                except StopAsyncIteration:
+                    break
+                if chunk is not None:
+                    pending += chunk.text
+                    if chunk.finish_reason is not None:
+                        final = chunk
+                if pending and (
+                    final is not None or time.monotonic() - last_flush >= UI_INTERVAL_S
+                ):
+                    parts.append(pending)
+                    await md.write(pending)
+                    pending, last_flush = "", time.monotonic()
+                    if (
+                        self.chat.is_vertical_scroll_end
+                        or self.chat.max_scroll_y - self.chat.scroll_y < 3
+                    ):
+                        self.chat.scroll_end(animate=False)
+        finally:
+            await md.stop()
+            stats = _stats_dict(final)
+            text = "".join(parts)
+            answer.content = text
+            answer.message_id = self.history.add(conv.id, "assistant", text, stats)
+            answer.set_stats(stats)
+            if final is not None and final.stats is not None and self.engine.model_info:
+                used = final.stats.prompt_tokens + final.stats.generated_tokens
+                self.status.context = f"ctx {used}/{self.engine.model_info.n_ctx}"
+            self.chat.scroll_end(animate=False)
+
+    def action_stop(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+
+    async def action_regenerate(self) -> None:
+        if self.generating or self.conv is None:
+            return
+        msgs = self.history.messages(self.conv.id)
+        if not msgs:
+            return
+        if msgs[-1].role == "assistant":
+            self.history.delete_message(msgs[-1].id)
+            answers = self.chat.query(ChatMessage)
+            if answers and answers.last().role == "assistant":
+                await answers.last().remove()
+        self.generate()
+
+    async def action_edit_last(self) -> None:
+        if self.generating or self.conv is None:
+            return
+        msgs = self.history.messages(self.conv.id)
+        idx = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i].role == "user"), None)
+        if idx is None:
+            return
+        for m in msgs[idx:]:
+            self.history.delete_message(m.id)
+        await self.open_conversation(self.conv.id)
+        self.prompt_box.load_text(msgs[idx].content)
+        self.prompt_box.move_cursor(self.prompt_box.document.end)
+        self.prompt_box.focus()
+
+    # -- copy and export ---------------------------------------------------------------
+    def _last_answer(self) -> str | None:
+        if self.conv is None:
+            return None
+        msgs = [m for m in self.history.messages(self.conv.id) if m.role == "assistant"]
+        return msgs[-1].content if msgs else None
+
+    def _copy(self, text: str, what: str) -> None:
+        self.copy_to_clipboard(text)
+        self.last_copied = text
+        self.notify(f"Copied {what} ({len(text.splitlines()) or 1} lines).")
+
+    def action_copy_answer(self) -> None:
+        answer = self._last_answer()
+        if answer is None:
+            self.notify("There is no answer to copy yet.")
+            return
+        self._copy(answer, "the last answer")
+
+    def action_copy_code(self) -> None:
+        answer = self._last_answer() or ""
+        blocks = CODE_BLOCK.findall(answer)
+        if not blocks:
+            self.notify("The last answer has no code block.")
+            return
+        self._copy(blocks[-1].rstrip("\n"), "the last code block")
+
+    def action_export(self) -> None:
+        if self.conv is None:
+            return
+        slug = re.sub(r"[^A-Za-z0-9]+", "-", self.conv.title).strip("-").lower() or "chat"
+        target = self.export_dir / f"{slug}-{self.conv.id}.md"
+        tmp = target.with_name(f".{target.name}.tmp")
+        try:
+            tmp.write_text(self.history.export_markdown(self.conv.id), encoding="utf-8")
+            os.replace(tmp, target)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            self.notify(f"Could not export to {target}: {exc.strerror}", severity="error")
+            return
+        self.notify(f"Exported to {target}")
+
+    # -- models and settings ---------------------------------------------------------
+    @work(exclusive=True, group="dialog")
+    async def action_models(self) -> None:
+        refs = self.engine.store.models()
+        rows = await asyncio.to_thread(lambda: [describe(r) for r in refs])
+        current = self.engine.model_ref.name if self.engine.model_ref else None
+        picker = ModelPicker(rows, available_memory(), current, show_free=self.live_status)
+        choice = await self.push_screen_wait(picker)
+        if choice is not None and choice.name != current:
+            if self.generating:
+                self.action_stop()
+            name = str(choice.path) if choice.source == "path" else choice.name
+            self.load_model(name, self.conv.settings.n_ctx if self.conv else None)
+
+    @work(exclusive=True, group="dialog")
+    async def action_settings(self) -> None:
+        if self.conv is None:
+            return
+        new = await self.push_screen_wait(SettingsScreen(self.conv.settings))
+        if new is not None:
+            self.history.save_settings(self.conv.id, new)
+            self.conv = self.history.get(self.conv.id)
+            self.notify("Settings saved for this conversation.")
+
+    def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            assert isinstance(binding, Binding)
+            if binding.action in ("quit",):
+                continue
+            action = binding.action
+            yield SystemCommand(
+                binding.description,
+                f"{binding.description} ({binding.key})",
+                lambda action=action: self.run_action(action),
+            )
+
+
+def _title_from(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else NEW_TITLE
+    return line[:40] + ("…" if len(line) > 40 else "")
+
+
+def _stats_dict(final: Chunk | None) -> dict[str, Any] | None:
+    if final is None or final.stats is None:
+        return None
+    out = asdict(final.stats)
+    out["finish_reason"] = final.finish_reason
+    return out

@@ -1,0 +1,85 @@
+"""Pick a local model: what each is, and whether it fits in free memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Label
+
+from localllm.backends.base import ModelRef
+from localllm.errors import LocalLLMError
+from localllm.models.gguf import format_bytes, format_params, read_gguf
+
+DEFAULT_CTX = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRow:
+    ref: ModelRef
+    params: str
+    quant: str
+    context: str
+    need_bytes: int
+
+    def fits(self, free_bytes: int) -> bool:
+        return self.need_bytes <= free_bytes
+
+
+def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
+    """Header facts and the memory a load would need: weights + an f16 KV cache."""
+    try:
+        meta = read_gguf(ref.path)
+    except LocalLLMError:
+        return ModelRow(ref, "?", "unreadable", "?", ref.size_bytes)
+    ctx = n_ctx or min(meta.n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
+    head_dim = meta.n_embd // meta.n_head if meta.n_head else 0
+    kv = 2 * meta.n_layers * meta.n_head_kv * head_dim * 2 * ctx
+    return ModelRow(
+        ref, format_params(meta.params), meta.quant, str(meta.n_ctx_train), meta.file_size + kv
+    )
+
+
+class ModelPicker(ModalScreen[ModelRef | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+
+    def __init__(
+        self, rows: list[ModelRow], free_bytes: int, current: str | None, *, show_free: bool = True
+    ) -> None:
+        super().__init__()
+        self.rows, self.free_bytes, self.current = rows, free_bytes, current
+        self.show_free = show_free
+
+    def compose(self) -> ComposeResult:
+        free = f" · {format_bytes(self.free_bytes)} memory free" if self.show_free else ""
+        with Vertical(classes="dialog wide", id="model-picker"):
+            yield Label(f"Models{free} · Enter loads, Esc closes")
+            yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
+
+    def on_mount(self) -> None:
+        table = self.query_one(DataTable)
+        table.add_columns("", "name", "format", "params", "quant", "size", "context", "fits")
+        for row in self.rows:
+            mark = "●" if row.ref.name == self.current else ""
+            fits = (
+                "yes" if row.fits(self.free_bytes) else f"no (needs {format_bytes(row.need_bytes)})"
+            )
+            table.add_row(
+                mark,
+                row.ref.name,
+                row.ref.format,
+                row.params,
+                row.quant,
+                format_bytes(row.ref.size_bytes),
+                row.context,
+                fits,
+                key=row.ref.name,
+            )
+        table.focus()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        name = event.row_key.value
+        self.dismiss(next(r.ref for r in self.rows if r.ref.name == name))

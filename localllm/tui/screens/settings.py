@@ -1,0 +1,75 @@
+"""Per-conversation settings: system prompt, sampling, answer length, context size."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, TextArea
+
+from localllm.history import ConversationSettings
+
+FIELDS = (
+    ("temperature", "Temperature (0 = greedy, up to 2)", float, 0.0, 2.0),
+    ("top_p", "Top-p (above 0, up to 1)", float, 1e-9, 1.0),
+    ("max_tokens", "Max tokens per answer (blank: until the model stops)", int, 1, 1_000_000),
+    ("n_ctx", "Context size in tokens (blank: model default)", int, 16, 1_048_576),
+)
+
+
+def parse_field(name: str, text: str) -> float | int | None:
+    """A field's value, or ValueError naming the field and the allowed range."""
+    spec = next(f for f in FIELDS if f[0] == name)
+    _, label, kind, low, high = spec
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{label.split(' (')[0]}: '{text}' is not a number") from None
+    if not low <= value <= high:
+        raise ValueError(f"{label.split(' (')[0]}: {value} is outside {low:g}..{high:g}")
+    return value
+
+
+class SettingsScreen(ModalScreen[ConversationSettings | None]):
+    BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
+
+    def __init__(self, settings: ConversationSettings) -> None:
+        super().__init__()
+        self.current = settings
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog wide", id="settings"):
+            yield Label("Conversation settings", classes="heading")
+            yield Label("System prompt")
+            yield TextArea(self.current.system_prompt, id="system_prompt")
+            for name, label, *_ in FIELDS:
+                value = getattr(self.current, name)
+                yield Label(label)
+                yield Input("" if value is None else str(value), id=name)
+            yield Label("", id="error", classes="error")
+            with Horizontal(classes="buttons"):
+                yield Button("Save", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        for widget in self.query("Input, TextArea"):
+            widget.cursor_blink = False  # type: ignore[attr-defined]
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id != "save":
+            self.dismiss(None)
+            return
+        try:
+            values = {
+                name: parse_field(name, self.query_one(f"#{name}", Input).value)
+                for name, *_ in FIELDS
+            }
+        except ValueError as exc:
+            self.query_one("#error", Label).update(str(exc))
+            return
+        system = self.query_one("#system_prompt", TextArea).text
+        self.dismiss(ConversationSettings(system_prompt=system, **values))  # type: ignore[arg-type]

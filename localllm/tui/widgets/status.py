@@ -1,0 +1,23 @@
+"""The status bar: model, backend and device, endpoint, context used, memory."""
+
+from __future__ import annotations
+
+from textual.reactive import reactive
+from textual.widgets import Static
+
+
+class StatusBar(Static):
+    model: reactive[str] = reactive("no model")
+    device: reactive[str] = reactive("")
+    endpoint: reactive[str] = reactive("")
+    context: reactive[str] = reactive("")
+    memory: reactive[str] = reactive("")
+    state: reactive[str] = reactive("")
+
+    def render(self) -> str:
+        parts = [
+            p
+            for p in (self.state, self.model, self.device, self.endpoint, self.context, self.memory)
+            if p
+        ]
+        return "  ·  ".join(parts)

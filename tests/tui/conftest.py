@@ -1,0 +1,73 @@
+"""Helpers for driving the chat app with Pilot on the real starter model."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from localllm.config import Settings
+from localllm.engine.worker import Engine
+from localllm.history import History
+from localllm.models.store import ModelStore
+from localllm.tui.app import ChatApp
+
+
+@pytest.fixture
+def engine(settings: Settings, store: ModelStore) -> Iterator[Engine]:
+    eng = Engine(settings, store)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> Iterator[History]:
+    h = History(tmp_path / "history.sqlite3")
+    yield h
+    h.close()
+
+
+@pytest.fixture
+def make_app(settings: Settings, engine: Engine, history: History, tmp_path: Path
+             ) -> Callable[..., ChatApp]:
+    def make(**kw: object) -> ChatApp:
+        opts: dict = {"serve": False, "live_status": False, "export_dir": tmp_path}
+        opts.update(kw)
+        return ChatApp(settings, engine, history=history, **opts)
+
+    return make
+
+
+async def wait_for(pilot: Pilot, cond: Callable[[], bool], what: str, limit: int = 1200) -> None:
+    """Let the app run until `cond` holds (a guard against hanging, not a timing assertion)."""
+    for _ in range(limit):
+        if cond():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError(f"gave up waiting for: {what}")
+
+
+async def ready(pilot: Pilot) -> None:
+    app = pilot.app
+    assert isinstance(app, ChatApp)
+    await wait_for(pilot, lambda: app.engine.model_info is not None and not
+                   app.status.state, "the model to load")
+
+
+def answers(app: ChatApp) -> list:
+    assert app.conv is not None
+    return [m for m in app.history.messages(app.conv.id) if m.role == "assistant"]
+
+
+async def ask(pilot: Pilot, text: str) -> None:
+    """Type a prompt, press Enter, and wait until its answer is stored."""
+    app = pilot.app
+    assert isinstance(app, ChatApp)
+    before = len(answers(app))
+    app.prompt_box.focus()
+    app.prompt_box.load_text(text)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: len(answers(app)) > before and not app.generating,
+                   "the answer to be stored")

@@ -1,0 +1,310 @@
+"""The chat app driven with Pilot on the real starter model."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import openai
+from textual import events
+
+from localllm.config import Settings
+from localllm.engine.worker import Engine
+from localllm.history import ConversationSettings, History
+from localllm.models.store import ModelStore
+from localllm.tui.app import ChatApp
+from localllm.tui.screens.dialogs import FullContextScreen
+from localllm.tui.widgets.messages import ChatMessage
+from tests.conftest import free_port
+from tests.tui.conftest import answers, ask, ready, wait_for
+
+GREEDY = ConversationSettings(temperature=0.0, max_tokens=24)
+
+
+def press_enter_without_waiting(app: ChatApp) -> None:
+    """Enter in the prompt box. Pilot.press would wait for the app to go idle, which a
+    streaming answer keeps it from doing until the answer is complete."""
+    app.prompt_box.post_message(events.Key("enter", "\r"))
+
+
+async def test_question_gets_a_streamed_answer(make_app, history: History):
+    history.create("t", ConversationSettings(temperature=0.0, max_tokens=40))
+    app = make_app()
+    seen_lengths: set[int] = set()
+
+    def watch() -> bool:
+        msgs = list(app.chat.query(ChatMessage))
+        if msgs and msgs[-1].role == "assistant" and msgs[-1].query(".body"):
+            seen_lengths.add(len(msgs[-1].body.source))
+        return len(answers(app)) == 1
+
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        app.prompt_box.load_text("Write a story about a dragon.")
+        press_enter_without_waiting(app)
+        for _ in range(3000):
+            if watch():
+                break
+            await pilot.pause(0.01)
+        stored = answers(app)[0]
+        shown = list(app.chat.query(ChatMessage))
+        assert [m.role for m in shown] == ["user", "assistant"]
+        assert stored.content and shown[-1].body.source == stored.content
+        assert stored.stats and stored.stats["generated_tokens"] == 40
+        assert "tokens" in str(shown[-1].query_one(".stats").render())
+        # text arrived in pieces while it was generated, not all at the end
+        assert any(0 < n < len(stored.content) for n in seen_lengths), seen_lengths
+        assert app.status.context.startswith("ctx ")
+
+
+async def test_escape_stops_and_keeps_the_partial_answer(make_app, history: History):
+    history.create("t", ConversationSettings(temperature=0.0, max_tokens=400))
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        app.prompt_box.load_text("Write a very long essay about the history of bridges.")
+        await pilot.press("enter")
+
+        def has_text() -> bool:
+            msgs = list(app.chat.query(ChatMessage))
+            last = msgs[-1] if msgs else None
+            return last is not None and last.role == "assistant" and bool(
+                last.query(".body")) and len(last.body.source) > 5
+
+        await wait_for(pilot, has_text, "some answer text")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: len(answers(app)) == 1, "the stopped answer to be stored")
+        stored = answers(app)[0]
+        assert stored.stats is not None and stored.stats["finish_reason"] == "cancelled"
+        assert 0 < stored.stats["generated_tokens"] < 400
+        assert stored.content
+        assert "stopped" in str(list(app.chat.query(ChatMessage))[-1].query_one(".stats").render())
+
+
+async def test_regenerate_replaces_the_last_answer(make_app, history: History):
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await ask(pilot, "What is a cat?")
+        first = answers(app)[0]
+        first_widget = list(app.chat.query(ChatMessage))[-1]
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: list(app.chat.query(ChatMessage))[-1] is not first_widget
+                       and len(answers(app)) == 1 and not app.generating,
+                       "the regenerated answer")
+        again = answers(app)
+        assert len(again) == 1
+        assert again[0].content == first.content  # greedy: the same answer, stored anew
+        assert [m.role for m in app.chat.query(ChatMessage)] == ["user", "assistant"]
+
+
+async def test_edit_last_prompt_puts_it_back_in_the_input(make_app, history: History):
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await ask(pilot, "Name a fruit.")
+        await pilot.press("ctrl+l")
+        await pilot.pause(0.1)
+        assert app.prompt_box.text == "Name a fruit."
+        assert app.history.messages(app.conv.id) == []
+        assert list(app.chat.query(ChatMessage)) == []
+
+
+async def test_conversation_survives_reopening(settings: Settings, store: ModelStore,
+                                               tmp_path: Path):
+    db = tmp_path / "chat.sqlite3"
+    for round_ in range(2):
+        engine = Engine(settings, store)
+        history = History(db)
+        if round_ == 0:
+            history.create("first", GREEDY)
+        app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await ready(pilot)
+                if round_ == 0:
+                    await ask(pilot, "Say hello.")
+                    await pilot.press("ctrl+n")  # a second, empty conversation...
+                    await pilot.pause(0.1)
+                    await app.open_conversation(history.conversations()[-1].id)  # ...back
+                else:
+                    shown = list(app.chat.query(ChatMessage))
+                    assert [m.role for m in shown] == ["user", "assistant"]
+                    assert shown[0].content == "Say hello."
+                    assert app.conv is not None and app.conv.title == "first"  # reopened
+                    assert len(app.query("#conversations ListItem")) == 2
+                    # the prompt can be recalled with Up
+                    app.prompt_box.focus()
+                    await pilot.press("up")
+                    assert app.prompt_box.text == "Say hello."
+        finally:
+            history.close()
+            engine.close()
+
+
+async def test_full_context_offers_dropping_the_oldest_turns(tmp_path: Path, store: ModelStore):
+    settings = Settings(n_threads=2, n_ctx=160, data_dir=tmp_path / "d")
+    engine = Engine(settings, store)
+    history = History(tmp_path / "h.sqlite3")
+    conv = history.create("long", ConversationSettings(temperature=0.0, max_tokens=4))
+    filler = "The quick brown fox jumps over the lazy dog. " * 6
+    for _ in range(2):
+        history.add(conv.id, "user", filler)
+        history.add(conv.id, "assistant", filler)
+    app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
+    try:
+        async with app.run_test(size=(110, 32)) as pilot:
+            await ready(pilot)
+            app.prompt_box.load_text("And now?")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, FullContextScreen),
+                           "the full-context dialog")
+            dialog = app.screen
+            assert isinstance(dialog, FullContextScreen)
+            assert dialog.n_ctx == 160 and dialog.prompt_tokens >= 160
+            text = " ".join(str(w.render()) for w in dialog.query("Label"))
+            assert "160" in text and f"{dialog.prompt_tokens:,}" in text
+            await pilot.click("#drop")
+            await wait_for(pilot, lambda: len(answers(app)) == 3 and not app.generating,
+                           "an answer after dropping turns")
+            msgs = history.messages(conv.id)
+            dropped = [m for m in msgs if not m.in_context]
+            assert dropped and dropped[0].id == msgs[0].id  # the oldest went first
+            assert msgs[-1].role == "assistant" and msgs[-1].in_context
+            assert len(msgs) == 6  # nothing was deleted
+    finally:
+        history.close()
+        engine.close()
+
+
+async def test_full_context_new_chat_moves_the_prompt(tmp_path: Path, store: ModelStore):
+    settings = Settings(n_threads=2, n_ctx=160, data_dir=tmp_path / "d")
+    engine = Engine(settings, store)
+    history = History(tmp_path / "h.sqlite3")
+    conv = history.create("long", ConversationSettings(temperature=0.0, max_tokens=4))
+    history.add(conv.id, "user", "The quick brown fox jumps over the lazy dog. " * 14)
+    history.add(conv.id, "assistant", "ok")
+    app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
+    try:
+        async with app.run_test(size=(110, 32)) as pilot:
+            await ready(pilot)
+            app.prompt_box.load_text("Fresh question")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, FullContextScreen), "dialog")
+            await pilot.click("#new")
+            await wait_for(pilot, lambda: app.conv is not None and app.conv.id != conv.id
+                           and len(answers(app)) == 1 and not app.generating, "the new chat")
+            assert history.messages(app.conv.id)[0].content == "Fresh question"
+            assert [m.role for m in history.messages(conv.id)] == ["user", "assistant"]
+    finally:
+        history.close()
+        engine.close()
+
+
+async def test_endpoint_answers_while_the_app_streams(settings: Settings, store: ModelStore,
+                                                      tmp_path: Path):
+    port = free_port()
+    settings = Settings(n_threads=2, port=port, data_dir=tmp_path / "d")
+    engine = Engine(settings, store)
+    history = History(tmp_path / "h.sqlite3")
+    history.create("t", ConversationSettings(temperature=0.0, max_tokens=60))
+    app = ChatApp(settings, engine, history=history, serve=True, live_status=False)
+    result: dict = {}
+
+    def call_api() -> None:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x",
+                               max_retries=0)
+        r = client.chat.completions.create(
+            model="starter", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5,
+            temperature=0)
+        result["text"], result["usage"] = r.choices[0].message.content, r.usage
+        result["finish"] = r.choices[0].finish_reason
+
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            assert app.status.endpoint == f"http://127.0.0.1:{port}/v1"
+            app.prompt_box.load_text("Write a story about a robot.")
+            press_enter_without_waiting(app)
+            await wait_for(pilot, lambda: app.generating, "generation to start", limit=400)
+            caller = threading.Thread(target=call_api)
+            caller.start()
+            assert app.generating  # the API request was made while the answer streams
+            await wait_for(pilot, lambda: not caller.is_alive(), "the API call")
+            caller.join()
+            await wait_for(pilot, lambda: len(answers(app)) == 1, "the chat answer")
+        assert result["finish"] == "length" and result["usage"].completion_tokens == 5
+        assert result["text"]
+        assert answers(app)[0].stats["generated_tokens"] == 60
+    finally:
+        history.close()
+        engine.close()
+
+
+async def test_port_in_use_is_shown_and_chat_goes_on(settings: Settings, store: ModelStore,
+                                                     tmp_path: Path):
+    import socket
+
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen(1)
+        port = blocker.getsockname()[1]
+        settings = Settings(n_threads=2, port=port, data_dir=tmp_path / "d")
+        engine = Engine(settings, store)
+        history = History(tmp_path / "h.sqlite3")
+        history.create("t", ConversationSettings(temperature=0.0, max_tokens=4))
+        app = ChatApp(settings, engine, history=history, serve=True, live_status=False)
+        try:
+            async with app.run_test(size=(100, 30)) as pilot:
+                await ready(pilot)
+                assert app.status.endpoint == f"endpoint off: port {port} in use"
+                await ask(pilot, "Hi")
+                assert answers(app)[0].content
+        finally:
+            history.close()
+            engine.close()
+
+
+async def test_model_that_fails_to_load_is_a_message_not_a_crash(tmp_path: Path,
+                                                                 store: ModelStore,
+                                                                 starter_ref):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(starter_ref.path.read_bytes()[:200_000])
+    settings = Settings(n_threads=2, model=str(broken), data_dir=tmp_path / "d")
+    engine = Engine(settings, store)
+    history = History(tmp_path / "h.sqlite3")
+    app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.status.state == "model not loaded", "load failure")
+            notes = [n.message for n in app._notifications]
+            assert any("Could not load model" in n for n in notes), notes
+            app.prompt_box.load_text("still typing")  # the app is usable
+            assert app.prompt_box.text == "still typing"
+            assert app.is_running
+    finally:
+        history.close()
+        engine.close()
+
+
+async def test_copy_export_and_commands(make_app, history: History, tmp_path: Path):
+    conv = history.create("Code chat", GREEDY)
+    history.add(conv.id, "user", "Show code")
+    history.add(conv.id, "assistant", "Here:\n\n```python\nprint('hi')\n```\n\nDone.")
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: len(app.query(ChatMessage)) == 2, "the conversation")
+        await pilot.press("f9")
+        assert app.last_copied == "print('hi')"
+        await pilot.press("f5")
+        assert app.last_copied and app.last_copied.startswith("Here:")
+        await pilot.press("ctrl+s")
+        out = tmp_path / f"code-chat-{conv.id}.md"
+        assert out.read_text().startswith("# Code chat")
+        assert "print('hi')" in out.read_text()
+        titles = {c.title for c in app.get_system_commands(app.screen)}
+        for wanted in ("Stop", "Regenerate", "Edit last", "Copy answer", "Copy code", "Export",
+                       "Rename", "Delete chat", "Models", "Settings", "New chat"):
+            assert wanted in titles
