@@ -13,6 +13,7 @@ import asyncio
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -58,6 +59,7 @@ class Started:
 
 
 _END = object()
+_TIMEOUT = object()
 
 
 @dataclass(slots=True)
@@ -72,61 +74,88 @@ class _Job:
 
 
 class ChunkStream:
-    """Async iterator over a request's chunks; `started()` waits until the prompt is accepted."""
+    """Async iterator over a request's chunks; `started()` waits until the prompt is accepted.
+
+    Chunks cross from the worker thread without waking the event loop for each
+    token when the reader says it will not look before a deadline (`next(timeout)`):
+    then only the deadline, or a final chunk, an error or the end, wakes it. A chat
+    that redraws five times a second costs the loop five wake-ups a second, not
+    one per token; on a machine whose cores all decode, that time is the model's.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, job_cancel: threading.Event) -> None:
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._items: deque[Any] = deque()
         self._loop = loop
         self._cancel = job_cancel
+        self._waiter: asyncio.Future[None] | None = None
+        self._eager = True  # wake the reader for every item
         self.info: Started | None = None
         self._done = False
 
     def _feed(self, item: Any) -> None:  # called on the worker thread
-        self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        self._items.append(item)
+        routine = isinstance(item, Chunk) and item.finish_reason is None
+        if self._eager or not routine:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _take(self, timeout: float | None) -> Any:
+        """The next item; `_TIMEOUT` if `timeout` seconds pass first."""
+        if not self._items:
+            # Say whether a routine chunk should wake us, then look again: the worker
+            # appends before it reads the flag, so one of the two sees the other.
+            self._eager = timeout is None
+            if not self._items:
+                self._waiter = self._loop.create_future()
+                timer = None if timeout is None else self._loop.call_later(timeout, self._wake)
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                    self._eager = True
+                    if timer is not None:
+                        timer.cancel()
+            self._eager = True
+            if not self._items:
+                return _TIMEOUT
+        item = self._items.popleft()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
 
     async def started(self) -> Started:
         """Wait for the worker to accept the request; raise its error if it fails first."""
         if self.info is None:
-            item = await self._next_item()
+            item = await self._take(None)
             if not isinstance(item, Started):
                 raise RuntimeError("worker protocol: expected Started first")
             self.info = item
         return self.info
 
-    async def _next_item(self) -> Any:
-        item = await self._queue.get()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        return item
-
     def __aiter__(self) -> AsyncIterator[Chunk]:
         return self
 
     async def __anext__(self) -> Chunk:
-        if self._done:
-            raise StopAsyncIteration
-        await self.started()
-        item = await self._next_item()
-        if item is _END:
-            self._done = True
-            raise StopAsyncIteration
-        return item
+        chunk = await self.next()
+        assert chunk is not None
+        return chunk
 
     async def next(self, timeout: float | None = None) -> Chunk | None:
-        """The next chunk; None if `timeout` seconds pass first; StopAsyncIteration at the end."""
+        """The next chunk; None if `timeout` seconds pass first; StopAsyncIteration at the end.
+
+        With a timeout, chunks that arrive before it do not wake the reader (see above).
+        """
         if self._done:
             raise StopAsyncIteration
         await self.started()
-        if timeout is None or not self._queue.empty():
-            return await self.__anext__()
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
+        item = await self._take(timeout)
+        if item is _TIMEOUT:
             return None
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
         if item is _END:
             self._done = True
             raise StopAsyncIteration

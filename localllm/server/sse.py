@@ -36,21 +36,23 @@ async def sse_frames(
     last_sent = float("-inf")
     try:
         while True:
-            wait = None if not pending else max(0.0, last_sent + interval_s - time.monotonic())
+            if pending and time.monotonic() - last_sent >= interval_s:
+                yield frame(on_text(pending))
+                pending, last_sent = "", time.monotonic()
+            # before the frame deadline tokens need not wake us; after it, the next one does
+            wait = max(0.0, last_sent + interval_s - time.monotonic()) or None
             try:
                 chunk = await stream.next(wait)
             except StopAsyncIteration:
                 break
-            if chunk is not None:
-                if chunk.finish_reason is not None:
-                    for payload in on_final(chunk, pending + chunk.text):
-                        yield frame(payload)
-                    pending = ""
-                    continue
+            if chunk is None:
+                continue
+            if chunk.finish_reason is not None:
+                for payload in on_final(chunk, pending + chunk.text):
+                    yield frame(payload)
+                pending = ""
+            else:
                 pending += chunk.text
-            if pending and time.monotonic() - last_sent >= interval_s:
-                yield frame(on_text(pending))
-                pending, last_sent = "", time.monotonic()
         yield DONE
     finally:
         stream.cancel()

@@ -11,11 +11,10 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
@@ -31,7 +30,10 @@ from localllm.errors import ContextOverflow, LocalLLMError
 from localllm.hardware import available_memory, process_memory
 from localllm.history import Conversation, History
 from localllm.models.gguf import format_bytes
-from localllm.server.runner import BackgroundEndpoint
+from localllm.tui.pacing import RedrawPacer
+
+if TYPE_CHECKING:
+    from localllm.server.runner import BackgroundEndpoint
 from localllm.tui.screens.dialogs import ConfirmScreen, FullContextScreen, RenameScreen
 from localllm.tui.screens.model_picker import ModelPicker, describe
 from localllm.tui.screens.settings import SettingsScreen
@@ -39,7 +41,6 @@ from localllm.tui.widgets.chat_input import ChatInput
 from localllm.tui.widgets.messages import ChatMessage
 from localllm.tui.widgets.status import StatusBar
 
-UI_INTERVAL_S = 0.05  # answer text reaches the screen at most 20 times a second
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 NEW_TITLE = "New chat"
 
@@ -79,7 +80,7 @@ class ChatApp(App[None]):
         self.serve = serve
         self.live_status = live_status
         self.export_dir = export_dir or Path.cwd()
-        self.endpoint: BackgroundEndpoint | None = None
+        self.endpoint: BackgroundEndpoint | None = None  # started after the first paint
         self.conv: Conversation | None = None
         self.generating = False
         self._stream: ChunkStream | None = None
@@ -119,20 +120,31 @@ class ChatApp(App[None]):
         await self.open_conversation(conv.id)
         self.prompt_box.focus()
         if self.serve:
-            self.endpoint = BackgroundEndpoint(self.settings, self.engine)
-            self.status.endpoint = (
-                self.endpoint.url
-                if self.endpoint.error is None
-                else f"endpoint off: port {self.settings.port} in use"
-            )
-            if self.endpoint.error:
-                self.notify(self.endpoint.error, title="Endpoint not started", severity="warning")
+            self.status.endpoint = "endpoint starting"
+            self.start_endpoint()
         else:
             self.status.endpoint = "endpoint off"
         if self.live_status:
             self.set_interval(2.0, self.refresh_memory)
             self.refresh_memory()
         self.load_model(self.settings.model, conv.settings.n_ctx)
+
+    @work(thread=True, exclusive=True, group="endpoint", exit_on_error=False)
+    def start_endpoint(self) -> None:
+        """Start the endpoint off the UI thread (its imports alone take a few hundred ms)."""
+        from localllm.server.runner import BackgroundEndpoint
+
+        endpoint = BackgroundEndpoint(self.settings, self.engine)
+        self.endpoint = endpoint
+
+        def show() -> None:
+            if endpoint.error is None:
+                self.status.endpoint = endpoint.url
+                return
+            self.status.endpoint = f"endpoint off: port {self.settings.port} in use"
+            self.notify(endpoint.error, title="Endpoint not started", severity="warning")
+
+        self.call_from_thread(show)
 
     def refresh_memory(self) -> None:
         self.status.memory = f"mem {format_bytes(process_memory())}"
@@ -198,6 +210,14 @@ class ChatApp(App[None]):
         self.chat.scroll_end(animate=False)
         self.sub_title = conv.title
 
+    def _retitle(self, cid: int, title: str) -> None:
+        """Rename a conversation and its sidebar entry, without rebuilding the list."""
+        self.history.rename(cid, title)
+        self.conv = self.history.get(cid)
+        self.sub_title = title
+        for label in self.query(f"#conv-{cid} Label").results(Label):
+            label.update(title)
+
     @on(ListView.Selected, "#conversations")
     async def _switch(self, event: ListView.Selected) -> None:
         item_id = event.item.id or ""
@@ -222,10 +242,7 @@ class ChatApp(App[None]):
             return
         title = await self.push_screen_wait(RenameScreen(self.conv.title))
         if title:
-            self.history.rename(self.conv.id, title)
-            self.conv = self.history.get(self.conv.id)
-            self.sub_title = title
-            await self.refresh_sidebar()
+            self._retitle(self.conv.id, title)
 
     @work(exclusive=True, group="dialog")
     async def action_delete_chat(self) -> None:
@@ -256,9 +273,7 @@ class ChatApp(App[None]):
         assert self.conv is not None
         mid = self.history.add(self.conv.id, "user", text)
         if self.conv.title == NEW_TITLE:
-            self.history.rename(self.conv.id, _title_from(text))
-            self.conv = self.history.get(self.conv.id)
-            await self.refresh_sidebar()
+            self._retitle(self.conv.id, _title_from(text))
         await self.chat.mount(ChatMessage("user", text, message_id=mid))
         self.chat.scroll_end(animate=False)
         self.generate()
@@ -368,35 +383,35 @@ class ChatApp(App[None]):
         await self.chat.mount(answer)
         self.chat.scroll_end(animate=False)
         md = Markdown.get_stream(answer.body)
+        pacer = RedrawPacer()
         parts: list[str] = []
         pending = ""
-        last_flush = 0.0
         final: Chunk | None = None
         try:
             while True:
-                wait = (
-                    None if not pending else max(0.0, last_flush + UI_INTERVAL_S - time.monotonic())
-                )
+                if pending and pacer.wait() == 0.0:
+                    parts.append(pending)
+                    await md.write(pending)
+                    pending = ""
+                    pacer.drawn()
+                    if (
+                        self.chat.is_vertical_scroll_end
+                        or self.chat.max_scroll_y - self.chat.scroll_y < 3
+                    ):
+                        self.chat.scroll_end(animate=False)
                 try:
-                    chunk = await stream.next(wait)
+                    # before the redraw is due, tokens need not wake us; after, the next one does
+                    chunk = await stream.next(pacer.wait() or None)
                 except StopAsyncIteration:
                     break
                 if chunk is not None:
                     pending += chunk.text
                     if chunk.finish_reason is not None:
                         final = chunk
-                if pending and (
-                    final is not None or time.monotonic() - last_flush >= UI_INTERVAL_S
-                ):
-                    parts.append(pending)
-                    await md.write(pending)
-                    pending, last_flush = "", time.monotonic()
-                    if (
-                        self.chat.is_vertical_scroll_end
-                        or self.chat.max_scroll_y - self.chat.scroll_y < 3
-                    ):
-                        self.chat.scroll_end(animate=False)
         finally:
+            if pending:
+                parts.append(pending)
+                await md.write(pending)
             await md.stop()
             stats = _stats_dict(final)
             text = "".join(parts)

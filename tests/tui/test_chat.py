@@ -225,6 +225,7 @@ async def test_endpoint_answers_while_the_app_streams(settings: Settings, store:
     try:
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
+            await wait_for(pilot, lambda: app.status.endpoint != "endpoint starting", "endpoint")
             assert app.status.endpoint == f"http://127.0.0.1:{port}/v1"
             app.prompt_box.load_text("Write a story about a robot.")
             press_enter_without_waiting(app)
@@ -259,6 +260,8 @@ async def test_port_in_use_is_shown_and_chat_goes_on(settings: Settings, store: 
         try:
             async with app.run_test(size=(100, 30)) as pilot:
                 await ready(pilot)
+                await wait_for(pilot, lambda: app.status.endpoint != "endpoint starting",
+                               "the endpoint to try its port")
                 assert app.status.endpoint == f"endpoint off: port {port} in use"
                 await ask(pilot, "Hi")
                 assert answers(app)[0].content
@@ -308,3 +311,40 @@ async def test_copy_export_and_commands(make_app, history: History, tmp_path: Pa
         for wanted in ("Stop", "Regenerate", "Edit last", "Copy answer", "Copy code", "Export",
                        "Rename", "Delete chat", "Models", "Settings", "New chat"):
             assert wanted in titles
+
+
+async def test_rename_settings_and_delete(make_app, history: History):
+    keep = history.create("Keep me")
+    history.create("Old title")
+    app = make_app()
+    async with app.run_test(size=(110, 44)) as pilot:
+        await wait_for(pilot, lambda: len(app.query("#conversations ListItem")) == 2, "sidebar")
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: app.screen.query("#title"), "the rename dialog")
+        app.screen.query_one("#title").value = "New title"  # type: ignore[attr-defined]
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.conv is not None and app.conv.title == "New title",
+                       "the rename")
+        labels = [str(w.render()) for w in app.query("#conversations Label")]
+        assert "New title" in labels and "Old title" not in labels
+
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: app.screen.query("#temperature"), "settings")
+        app.screen.query_one("#temperature").value = "5"  # type: ignore[attr-defined]
+        await pilot.click("#save")
+        await wait_for(pilot, lambda: str(app.screen.query_one("#error").render()), "an error")
+        error = str(app.screen.query_one("#error").render())
+        assert "5.0 is outside 0..2" in error  # refused with the range, dialog stays open
+        app.screen.query_one("#temperature").value = "0.3"  # type: ignore[attr-defined]
+        app.screen.query_one("#system_prompt").load_text("Be brief.")  # type: ignore[attr-defined]
+        app.screen.query_one("#save").press()  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: app.conv.settings.temperature == 0.3, "saved settings")
+        assert history.get(app.conv.id).settings.system_prompt == "Be brief."
+        assert app._request(app.conv).messages[0].content == "Be brief."
+
+        doomed = app.conv.id
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: app.screen.query("#yes"), "the confirmation")
+        await pilot.click("#yes")
+        await wait_for(pilot, lambda: history.get(doomed) is None, "the deletion")
+        assert app.conv is not None and app.conv.id == keep.id

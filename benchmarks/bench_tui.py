@@ -1,0 +1,154 @@
+"""The chat app as a person runs it, in tmux (issue: the Textual chat).
+
+1. Time from starting `localllm` to a drawn input box, and to a loaded model.
+2. Decode tokens/s of answers streamed into the app (read from the app's own
+   stored statistics) vs the same request through `LoadedModel.stream()` in this
+   process, rounds interleaved; each round uses a new prompt in a new chat.
+3. Resident memory of the app process minus the model file size, after answering.
+
+    python -m benchmarks.bench_tui [--rounds 5] [--tokens 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from benchmarks.common import free_port, machine
+from localllm.backends.base import LoadOptions, Message, SamplingParams
+from localllm.backends.llamacpp import LlamaCppBackend
+from localllm.history import ConversationSettings, History
+from localllm.models.gguf import format_bytes
+from localllm.models.store import ModelStore
+
+SESSION = "localllm-bench"
+THREADS = 2
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+
+
+def screen() -> str:
+    return tmux("capture-pane", "-p", "-t", SESSION)
+
+
+def wait(cond, what: str, limit_s: float = 120.0, step: float = 0.01) -> float:  # type: ignore[no-untyped-def]
+    start = time.perf_counter()
+    while time.perf_counter() - start < limit_s:
+        if cond():
+            return time.perf_counter()
+        time.sleep(step)
+    raise RuntimeError(f"gave up waiting for {what}:\n{screen()}")
+
+
+def prompt(k: int) -> str:
+    return f"Session {k}: write a long story about a lighthouse keeper."
+
+
+def answers(db: Path) -> list[tuple[str, str | None]]:
+    with sqlite3.connect(db) as con:
+        return con.execute("SELECT content, stats FROM messages WHERE role='assistant' "
+                           "ORDER BY id").fetchall()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tokens", type=int, default=128)
+    args = ap.parse_args()
+    if shutil.which("tmux") is None:
+        sys.exit("this benchmark drives the app in tmux: install tmux first")
+    import json
+
+    tmp = Path(tempfile.mkdtemp(prefix="localllm-bench-"))
+    db = tmp / "data" / "history.sqlite3"
+    history = History(db)
+    history.create("bench", ConversationSettings(temperature=0.0, max_tokens=args.tokens))
+    history.close()
+    env = {**os.environ, "LOCALLLM_CONFIG": os.devnull, "LOCALLLM_DATA_DIR": str(tmp / "data"),
+           "LOCALLLM_N_THREADS": str(THREADS), "LOCALLLM_PORT": str(free_port())}
+    exe = Path(sys.executable).with_name("localllm")
+    subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+    t0 = time.perf_counter()
+    subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40",
+                    f"exec {exe}"], check=True, env=env)
+    try:
+        t_input = wait(lambda: "╭" in screen() and "╰" in screen(), "the input box")
+        t_model = wait(lambda: "llamacpp" in screen(), "the model", step=0.02)
+        pid = int(tmux("display", "-p", "-t", SESSION, "#{pane_pid}").strip())
+        ref = ModelStore(tmp / "none").resolve("starter")
+        model = LlamaCppBackend().load(ref, LoadOptions(n_threads=THREADS))
+        app_tps: list[float] = []
+        base_tps: list[float] = []
+        ui_cpu: list[float] = []  # the app's UI thread, seconds per answer
+        tmux_cpu: list[float] = []  # the terminal (tmux server), seconds per answer
+        app_proc = psutil.Process(pid)
+        term_proc = psutil.Process(int(tmux("display", "-p", "#{pid}").strip()))
+
+        def ui_thread_cpu() -> float:
+            main = next(t for t in app_proc.threads() if t.id == pid)
+            return float(main.user_time + main.system_time)
+
+        def term_cpu() -> float:
+            t = term_proc.cpu_times()
+            return float(t.user + t.system)
+        for k in range(1, args.rounds + 1):
+            before = len(answers(db))
+            tmux("send-keys", "-t", SESSION, "C-n")
+            time.sleep(0.3)
+            tmux("send-keys", "-t", SESSION, "-l", prompt(k))
+            c_ui, c_term = ui_thread_cpu(), term_cpu()
+            tmux("send-keys", "-t", SESSION, "Enter")
+            wait(lambda before=before: len(answers(db)) > before, "the answer", step=0.05)
+            ui_cpu.append(ui_thread_cpu() - c_ui)
+            tmux_cpu.append(term_cpu() - c_term)
+            stats = json.loads(answers(db)[-1][1] or "{}")
+            app_tps.append(stats["decode_tps"])
+            tokens = model.render_chat([Message("user", prompt(k))])
+            final = list(model.stream(tokens, SamplingParams(temperature=0.0,
+                                                             max_tokens=args.tokens),
+                                      should_stop=lambda: False))[-1]
+            assert final.stats is not None
+            base_tps.append(final.stats.decode_tps)
+            if stats["generated_tokens"] != final.stats.generated_tokens:
+                print(f"round {k}: token counts differ ({stats['generated_tokens']} vs "
+                      f"{final.stats.generated_tokens})")
+        rss = psutil.Process(pid).memory_info().rss
+        model_size = ref.size_bytes
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    app_m, base_m = statistics.median(app_tps), statistics.median(base_tps)
+    print(f"Machine: {machine()}")
+    print(f"{args.rounds} rounds, {args.tokens} new tokens, greedy, {THREADS} threads, "
+          "in tmux 120x40\n")
+    print("| measure | value |")
+    print("|---|---:|")
+    print(f"| `localllm` to a drawn input box | {(t_input - t0) * 1000:.0f} ms |")
+    print(f"| `localllm` to the model loaded | {(t_model - t0) * 1000:.0f} ms |")
+    print(f"| decode tokens/s streamed into the app (median) | {app_m:.1f} |")
+    print(f"| decode tokens/s through `LoadedModel.stream()` (median) | {base_m:.1f} |")
+    print(f"| app / stream | {app_m / base_m:.3f} |")
+    print(f"| app process memory (RSS) | {format_bytes(rss)} |")
+    print(f"| ... minus the model file ({format_bytes(model_size)}) | "
+          f"{format_bytes(rss - model_size)} |")
+    print(f"| CPU per answer: app UI thread / tmux (median) | {statistics.median(ui_cpu):.3f} s /"
+          f" {statistics.median(tmux_cpu):.3f} s |")
+    print(f"\nper round, app: {[round(x, 1) for x in app_tps]}")
+    print(f"per round, stream: {[round(x, 1) for x in base_tps]}")
+
+
+if __name__ == "__main__":
+    main()
