@@ -28,4 +28,5 @@ test: lint
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench_decode.py
+	$(BIN)/python -m benchmarks.bench_decode
+	$(BIN)/python -m benchmarks.bench_tui

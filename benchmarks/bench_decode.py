@@ -7,8 +7,9 @@
 
 Every variant uses the starter model, two threads, greedy decoding, the same prompt
 text and the same number of new tokens. Rounds interleave the variants so that
-machine noise hits them alike; each round's prompt starts with a new number, so no
-variant answers from a cache. The median round is reported.
+machine noise hits them alike; each round's prompt starts differently, so no
+variant answers from a cache (the prompt's first token changes). The median round is
+reported; time to first token comes from separate short rounds, since prefill is noisy.
 
     python benchmarks/bench_decode.py [--tokens 128] [--rounds 5]
 """
@@ -33,8 +34,13 @@ NO_STORE = Path("/nonexistent")  # only the bundled starter model is used
 Result = tuple[float, float, int]  # ttft seconds, decode tokens/s, tokens
 
 
+WORDS = ("Amber", "Birch", "Cedar", "Dune", "Ember", "Fjord", "Grove", "Harbor", "Iris", "Jade",
+         "Kelp", "Lagoon", "Maple", "Nectar", "Onyx", "Pine", "Quartz", "Reef", "Sage", "Tide")
+
+
 def prompt_text(k: int) -> str:
-    return (f"<|im_start|>system\nSession {k}. You are a storyteller.<|im_end|>\n"
+    # The first token differs every round, so no variant can reuse a cached prefix.
+    return (f"{WORDS[k % len(WORDS)]}{k}<|im_start|>system\nYou are a storyteller.<|im_end|>\n"
             "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n"
             "<|im_start|>assistant\n")
 

@@ -38,7 +38,8 @@ _native_log = logging.getLogger("localllm.llama_cpp")
 
 DEFAULT_MAX_CTX = 4096
 PENALTY_LAST_N = 64
-_LEVELS = {1: logging.INFO, 2: logging.WARNING, 3: logging.ERROR, 4: logging.DEBUG}
+# ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _state: dict[str, Any] = {}  # keeps the native log callback alive; filled on first load
 
 
@@ -49,10 +50,9 @@ def _ll() -> Any:
     if "log_cb" not in _state:
 
         def on_log(level: int, text: bytes, _user: Any) -> None:
-            if _native_log.isEnabledFor(logging.DEBUG):
-                _native_log.log(
-                    _LEVELS.get(level, logging.DEBUG), text.decode("utf-8", "replace").rstrip()
-                )
+            py_level = _LEVELS.get(level, logging.DEBUG)
+            if _native_log.isEnabledFor(py_level):
+                _native_log.log(py_level, text.decode("utf-8", "replace").rstrip())
 
         _state["log_cb"] = ll.llama_log_callback(on_log)
         ll.llama_log_set(_state["log_cb"], ctypes.c_void_p(0))
