@@ -345,9 +345,11 @@ class LlamaCppModel:
                 if generated == 1:
                     t_first = time.perf_counter()
                 piece = text.push(self._piece(tok))
+                # The token goes out before it is evaluated: the reader gets it one decode
+                # step sooner, and works on it while the next logits are computed.
+                yield Chunk(piece, (tok,))
                 if text.stopped:
                     finish = "stop"
-                    yield Chunk(piece, (tok,))
                     break
                 if generated < limit:
                     one[0] = tok
@@ -356,7 +358,6 @@ class LlamaCppModel:
                         self._reset_kv()
                         raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
                     kv.append(tok)
-                yield Chunk(piece, (tok,))
             tail = "" if text.stopped else text.flush()
             t_end = time.perf_counter()
             yield self._final(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
