@@ -191,7 +191,9 @@ def main() -> None:
         ttft, tps, n = med[key]
         print(f"| ({key}) {label} | {tps:.1f} | {tps / med['a'][1]:.3f} | {ttft * 1000:.1f} ms "
               f"| {n} |")
-    print(f"\nTTFT (d) - (c): {(med['d'][0] - med['c'][0]) * 1000:+.1f} ms")
+    paired = statistics.median(d - c for d, c in zip(ttfts["d"], ttfts["c"], strict=True))
+    print(f"\nTTFT (d) - (c): {(med['d'][0] - med['c'][0]) * 1000:+.1f} ms between medians, "
+          f"{paired * 1000:+.1f} ms median of the per-round differences")
 
 
 if __name__ == "__main__":

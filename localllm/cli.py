@@ -65,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="diagnostics on stderr (default: warning)",
     )
+    # --log-level is accepted before or after the command
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=argparse.SUPPRESS,
+        help=argparse.SUPPRESS,
+    )
     sub = parser.add_subparsers(dest="command", parser_class=_Parser, metavar="COMMAND")
 
     def model_flags(p: argparse.ArgumentParser) -> None:
@@ -84,7 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
             help="CPU threads (default: physical cores)",
         )
 
-    chat = sub.add_parser("chat", help="open the terminal chat (the default command)")
+    chat = sub.add_parser(
+        "chat", parents=[common], help="open the terminal chat (the default command)"
+    )
     chat.add_argument("model", nargs="?", help="model name, path to a .gguf, or HF repo")
     chat.add_argument(
         "--ctx",
@@ -103,12 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-serve", action="store_true", help="do not start the endpoint beside the chat"
     )
 
-    serve = sub.add_parser("serve", help="serve the OpenAI-compatible endpoint")
+    serve = sub.add_parser("serve", parents=[common], help="serve the OpenAI-compatible endpoint")
     model_flags(serve)
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=_port, help=f"port (default: {DEFAULT_PORT})")
 
-    run = sub.add_parser("run", help="answer one prompt on stdout")
+    run = sub.add_parser("run", parents=[common], help="answer one prompt on stdout")
     run.add_argument("prompt", nargs="?", help="the prompt, or '-' to read it from stdin")
     model_flags(run)
     run.add_argument("--max-tokens", type=_positive_int, help="stop after this many tokens")
@@ -117,8 +127,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", help="a system prompt")
     run.add_argument("--stats", action="store_true", help="print speed figures to stderr")
 
-    sub.add_parser("list", help="list local models")
-    info = sub.add_parser("info", help="describe a model (reads its header, not its weights)")
+    sub.add_parser("list", parents=[common], help="list local models")
+    info = sub.add_parser(
+        "info", parents=[common], help="describe a model (reads its header, not its weights)"
+    )
     info.add_argument("model", help="model name, path or HF repo")
     return parser
 

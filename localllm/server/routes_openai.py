@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -16,7 +15,7 @@ from localllm.server import protocol as wire
 from localllm.server.sse import sse_frames
 
 router = APIRouter()
-DISCONNECT_POLL_S = 0.2
+IDLE_WAKE_S = 30.0  # a non-streaming reader only needs waking for the final chunk
 
 
 def _engine(request: Request) -> Engine:
@@ -25,27 +24,33 @@ def _engine(request: Request) -> Engine:
 
 
 async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
-    """Gather a whole answer; cancel the generation if the client goes away meanwhile."""
+    """Gather a whole answer; cancel the generation if the client goes away meanwhile.
+
+    Tokens do not wake this reader one by one (it asks for the next chunk with a
+    long timeout, so only the final chunk wakes it); a second task waits for the
+    client's disconnect message and cancels the generation.
+    """
 
     async def watch() -> None:
-        while True:
-            await asyncio.sleep(DISCONNECT_POLL_S)
-            if await request.is_disconnected():
-                stream.cancel()
-                return
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        stream.cancel()
 
     watcher = asyncio.create_task(watch())
     parts: list[str] = []
     final: Chunk | None = None
     try:
-        async for chunk in stream:
-            parts.append(chunk.text)
-            if chunk.finish_reason is not None:
-                final = chunk
+        while True:
+            try:
+                chunk = await stream.next(IDLE_WAKE_S)
+            except StopAsyncIteration:
+                break
+            if chunk is not None:
+                parts.append(chunk.text)
+                if chunk.finish_reason is not None:
+                    final = chunk
     finally:
         watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
         stream.cancel()
     assert final is not None, "a stream always ends with a final chunk"
     return "".join(parts), final

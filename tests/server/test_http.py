@@ -174,3 +174,18 @@ async def test_health_is_503_until_a_model_is_loaded(settings, store):
             assert r.status_code == 200 and r.json()["model"] == "starter"
     finally:
         engine.close()
+
+
+def test_non_streaming_client_that_leaves_cancels_too(server: ServerProcess):
+    before = server.health()["totals"]
+    body = {"messages": [{"role": "user", "content": "Write a 2000 word essay."}],
+            "max_tokens": 2000, "temperature": 0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base + "/v1/chat/completions", json=body, timeout=1.0)
+    for _ in range(200):  # the server notices within its poll interval
+        if server.health()["queued"] == 0:
+            break
+        time.sleep(0.05)
+    after = server.health()["totals"]
+    assert after["cancelled"] == before["cancelled"] + 1
+    assert after["generated_tokens"] - before["generated_tokens"] < 400
