@@ -22,6 +22,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Label, ListItem, ListView, Markdown, Static
+from textual.widgets.markdown import MarkdownStream
 
 from localllm.backends.base import Chunk, Message, SamplingParams
 from localllm.config import Settings
@@ -326,6 +327,7 @@ class ChatApp(App[None]):
         asked = False
         while True:
             stream = self.engine.submit(self._request(conv))
+            self._stream = stream  # Esc works during the prefill too
             try:
                 await stream.started()
                 return stream
@@ -380,9 +382,11 @@ class ChatApp(App[None]):
     async def _stream_answer(self, conv: Conversation, stream: ChunkStream) -> None:
         self._stream = stream
         answer = ChatMessage("assistant", "")
-        await self.chat.mount(answer)
-        self.chat.scroll_end(animate=False)
-        md = Markdown.get_stream(answer.body)
+        md: MarkdownStream | None = None
+        if self.conv is not None and self.conv.id == conv.id:  # still on screen
+            await self.chat.mount(answer)
+            self.chat.scroll_end(animate=False)
+            md = Markdown.get_stream(answer.body)
         pacer = RedrawPacer()
         parts: list[str] = []
         pending = ""
@@ -391,7 +395,8 @@ class ChatApp(App[None]):
             while True:
                 if pending and pacer.wait() == 0.0:
                     parts.append(pending)
-                    await md.write(pending)
+                    if md is not None and answer.is_attached:
+                        await md.write(pending)
                     pending = ""
                     pacer.drawn()
                     if (
@@ -411,8 +416,10 @@ class ChatApp(App[None]):
         finally:
             if pending:
                 parts.append(pending)
-                await md.write(pending)
-            await md.stop()
+                if md is not None and answer.is_attached:
+                    await md.write(pending)
+            if md is not None:
+                await md.stop()
             stats = _stats_dict(final)
             text = "".join(parts)
             answer.content = text

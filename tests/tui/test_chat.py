@@ -7,6 +7,7 @@ from pathlib import Path
 
 import openai
 from textual import events
+from textual.widgets import DataTable
 
 from localllm.config import Settings
 from localllm.engine.worker import Engine
@@ -14,6 +15,7 @@ from localllm.history import ConversationSettings, History
 from localllm.models.store import ModelStore
 from localllm.tui.app import ChatApp
 from localllm.tui.screens.dialogs import FullContextScreen
+from localllm.tui.screens.model_picker import ModelPicker
 from localllm.tui.widgets.messages import ChatMessage
 from tests.conftest import free_port
 from tests.tui.conftest import answers, ask, ready, wait_for
@@ -348,3 +350,50 @@ async def test_rename_settings_and_delete(make_app, history: History):
         await pilot.click("#yes")
         await wait_for(pilot, lambda: history.get(doomed) is None, "the deletion")
         assert app.conv is not None and app.conv.id == keep.id
+
+
+async def test_model_picker_switches_the_loaded_model(make_app, history: History,
+                                                      store: ModelStore, starter_ref):
+    store.models_dir.mkdir(parents=True)
+    (store.models_dir / "twin.gguf").symlink_to(starter_ref.path)
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(110, 32)) as pilot:
+        await ready(pilot)
+        assert app.status.model == "starter"
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
+        table = app.screen.query_one(DataTable)
+        assert table.row_count == 2
+        names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+        assert names == ["starter", "twin"]
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: app.status.model == "twin" and not app.status.state,
+                       "the switch to twin")
+        assert app.engine.model_ref is not None and app.engine.model_ref.name == "twin"
+        await ask(pilot, "Hi")  # and it answers on the new model
+        assert answers(app)[0].content
+
+
+async def test_switching_conversations_while_streaming(make_app, history: History):
+    other = history.create("Other")
+    history.add(other.id, "user", "An older question")
+    history.add(other.id, "assistant", "An older answer")
+    streaming = history.create("Streaming", ConversationSettings(temperature=0.0,
+                                                                 max_tokens=400))
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        app.prompt_box.load_text("Write a very long essay about mountains.")
+        press_enter_without_waiting(app)
+        await wait_for(pilot, lambda: app.generating, "generation to start", limit=400)
+        await app.open_conversation(other.id)  # what selecting it in the sidebar does
+        app.action_stop()
+        await wait_for(pilot, lambda: not app.generating, "the answer to stop")
+        shown = [m.content for m in app.chat.query(ChatMessage)]
+        assert shown == ["An older question", "An older answer"]
+        kept = history.messages(streaming.id)
+        assert [m.role for m in kept] == ["user", "assistant"]  # the partial answer is kept
+        assert kept[1].stats and kept[1].stats["finish_reason"] == "cancelled"
+        await ask(pilot, "And now?")  # the app goes on in the other conversation
+        assert history.messages(other.id)[-1].role == "assistant"

@@ -60,4 +60,5 @@ class ChatMessage(Vertical):
 
     def set_stats(self, stats: dict[str, Any] | None) -> None:
         self._stats = stats
-        self.query_one(".stats", Static).update(stats_line(stats))
+        for line in self.query(".stats").results(Static):  # none once the view moved on
+            line.update(stats_line(stats))
