@@ -3,7 +3,9 @@
 (a) a bare decode loop over llama-cpp-python's low-level API (sample + llama_decode),
 (b) llama-cpp-python's `Llama.create_completion(stream=True)`,
 (c) localllm's `LoadedModel.stream()`,
-(d) the localllm endpoint streamed through the official `openai` client.
+(d) the localllm endpoint streamed through the official `openai` client,
+(e) the same endpoint read with plain httpx (what the server costs without the
+    client library's own per-event work).
 
 Every variant uses the starter model, two threads, greedy decoding, the same prompt
 text and the same number of new tokens. Rounds interleave the variants so that
@@ -17,11 +19,13 @@ reported; time to first token comes from separate short rounds, since prefill is
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import openai
 
 from benchmarks.common import Server, machine
@@ -34,15 +38,37 @@ NO_STORE = Path("/nonexistent")  # only the bundled starter model is used
 Result = tuple[float, float, int]  # ttft seconds, decode tokens/s, tokens
 
 
-WORDS = ("Amber", "Birch", "Cedar", "Dune", "Ember", "Fjord", "Grove", "Harbor", "Iris", "Jade",
-         "Kelp", "Lagoon", "Maple", "Nectar", "Onyx", "Pine", "Quartz", "Reef", "Sage", "Tide")
+WORDS = (
+    "Amber",
+    "Birch",
+    "Cedar",
+    "Dune",
+    "Ember",
+    "Fjord",
+    "Grove",
+    "Harbor",
+    "Iris",
+    "Jade",
+    "Kelp",
+    "Lagoon",
+    "Maple",
+    "Nectar",
+    "Onyx",
+    "Pine",
+    "Quartz",
+    "Reef",
+    "Sage",
+    "Tide",
+)
 
 
 def prompt_text(k: int) -> str:
     # The first token differs every round, so no variant can reuse a cached prefix.
-    return (f"{WORDS[k % len(WORDS)]}{k}<|im_start|>system\nYou are a storyteller.<|im_end|>\n"
-            "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n"
-            "<|im_start|>assistant\n")
+    return (
+        f"{WORDS[k % len(WORDS)]}{k}<|im_start|>system\nYou are a storyteller.<|im_end|>\n"
+        "<|im_start|>user\nWrite a long story about a lighthouse keeper.<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
 
 
 def _rate(t0: float, t_first: float, t_last: float, n: int) -> Result:
@@ -85,8 +111,9 @@ def bare_loop(path: str) -> Callable[[list[int], int], Result]:
 def llama_class(path: str) -> Callable[[list[int], int], Result]:
     import llama_cpp
 
-    llm = llama_cpp.Llama(path, n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS,
-                          verbose=False)
+    llm = llama_cpp.Llama(
+        path, n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS, verbose=False
+    )
 
     def run(tokens: list[int], n: int) -> Result:
         t0 = time.perf_counter()
@@ -112,8 +139,9 @@ def ours(ref_path: str) -> Callable[[list[int], int], Result]:
         t0 = time.perf_counter()
         t_first = t_last = 0.0
         count = 0
-        for chunk in model.stream(tokens, SamplingParams(temperature=0.0, max_tokens=n),
-                                  should_stop=lambda: False):
+        for chunk in model.stream(
+            tokens, SamplingParams(temperature=0.0, max_tokens=n), should_stop=lambda: False
+        ):
             if chunk.tokens:
                 t_last = time.perf_counter()
                 if count == 0:
@@ -131,15 +159,51 @@ def endpoint(base: str) -> Callable[[list[int], int], Result]:
         t0 = time.perf_counter()
         t_first = t_last = 0.0
         count = 0
-        for ev in client.completions.create(model="starter", prompt=tokens, max_tokens=n,
-                                            temperature=0.0, stream=True,
-                                            stream_options={"include_usage": True}):
+        for ev in client.completions.create(
+            model="starter",
+            prompt=tokens,
+            max_tokens=n,
+            temperature=0.0,
+            stream=True,
+            stream_options={"include_usage": True},
+        ):
             if ev.usage is not None:
                 count = ev.usage.completion_tokens
             elif ev.choices and ev.choices[0].text:
                 t_last = time.perf_counter()
                 if t_first == 0.0:
                     t_first = t_last
+        return _rate(t0, t_first, t_last, count)
+
+    return run
+
+
+def raw_sse(base: str) -> Callable[[list[int], int], Result]:
+    """The endpoint read with plain httpx: separates the server's cost from the client's."""
+    client = httpx.Client(timeout=60)
+
+    def run(tokens: list[int], n: int) -> Result:
+        t0 = time.perf_counter()
+        t_first = t_last = 0.0
+        count = 0
+        body = {
+            "prompt": tokens,
+            "max_tokens": n,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        with client.stream("POST", base + "/v1/completions", json=body) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                event = json.loads(line[6:])
+                if event.get("usage"):
+                    count = event["usage"]["completion_tokens"]
+                elif event["choices"] and event["choices"][0]["text"]:
+                    t_last = time.perf_counter()
+                    if t_first == 0.0:
+                        t_first = t_last
         return _rate(t0, t_first, t_last, count)
 
     return run
@@ -161,39 +225,54 @@ def main() -> None:
             "b": ("Llama.create_completion stream", llama_class(path)),
             "c": ("LoadedModel.stream()", c_model),
             "d": ("endpoint via openai client", endpoint(server.base)),
+            "e": ("endpoint via plain httpx", raw_sse(server.base)),
         }
         tokenizer = LlamaCppBackend().load(ref, LoadOptions(n_threads=1))
         results: dict[str, list[Result]] = {k: [] for k in variants}
         for _, fn in variants.values():  # warm-up round, not counted
             fn(tokenizer.tokenize(prompt_text(0), special=True), 8)
+        # (d) and (e) share one server and so one KV cache: each variant gets its own
+        # prompt in every round (same shape, a different first token) so none hits a cache.
+        offset = {key: 100 * i for i, key in enumerate(variants)}
+
+        def prompt_for(key: str, r: int) -> list[int]:
+            return tokenizer.tokenize(prompt_text(r + offset[key]), special=True)
+
         for r in range(1, args.rounds + 1):
-            tokens = tokenizer.tokenize(prompt_text(r), special=True)
             for key, (_, fn) in variants.items():
-                results[key].append(fn(tokens, args.tokens))
+                results[key].append(fn(prompt_for(key, r), args.tokens))
         # time to first token on its own: many short rounds, since prefill time is noisy
         ttfts: dict[str, list[float]] = {k: [] for k in variants}
         for r in range(1000, 1000 + args.ttft_rounds):
-            tokens = tokenizer.tokenize(prompt_text(r), special=True)
             for key, (_, fn) in variants.items():
-                ttfts[key].append(fn(tokens, 2)[0])
+                ttfts[key].append(fn(prompt_for(key, r), 2)[0])
     finally:
         server.stop()
 
-    med = {k: (statistics.median(ttfts[k]), statistics.median(x[1] for x in v),
-               min(x[2] for x in v)) for k, v in results.items()}
+    med = {
+        k: (statistics.median(ttfts[k]), statistics.median(x[1] for x in v), min(x[2] for x in v))
+        for k, v in results.items()
+    }
     print(f"Machine: {machine()}")
-    print(f"Prompt {len(tokens)} tokens, {args.tokens} new tokens, greedy, {THREADS} threads, "
-          f"median of {args.rounds} interleaved rounds; time to first token: median of "
-          f"{args.ttft_rounds} separate 2-token rounds\n")
+    tokens = prompt_for("a", 1)
+    print(
+        f"Prompt about {len(tokens)} tokens, {args.tokens} new tokens, greedy, "
+        f"{THREADS} threads, median of {args.rounds} interleaved rounds; "
+        f"time to first token: median of {args.ttft_rounds} separate 2-token rounds\n"
+    )
     print("| variant | decode tokens/s | vs (a) | time to first token | tokens |")
     print("|---|---:|---:|---:|---:|")
     for key, (label, _) in variants.items():
         ttft, tps, n = med[key]
-        print(f"| ({key}) {label} | {tps:.1f} | {tps / med['a'][1]:.3f} | {ttft * 1000:.1f} ms "
-              f"| {n} |")
+        print(
+            f"| ({key}) {label} | {tps:.1f} | {tps / med['a'][1]:.3f} | {ttft * 1000:.1f} ms "
+            f"| {n} |"
+        )
     paired = statistics.median(d - c for d, c in zip(ttfts["d"], ttfts["c"], strict=True))
-    print(f"\nTTFT (d) - (c): {(med['d'][0] - med['c'][0]) * 1000:+.1f} ms between medians, "
-          f"{paired * 1000:+.1f} ms median of the per-round differences")
+    print(
+        f"\nTTFT (d) - (c): {(med['d'][0] - med['c'][0]) * 1000:+.1f} ms between medians, "
+        f"{paired * 1000:+.1f} ms median of the per-round differences"
+    )
 
 
 if __name__ == "__main__":

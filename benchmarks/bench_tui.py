@@ -58,8 +58,9 @@ def prompt(k: int) -> str:
 
 def answers(db: Path) -> list[tuple[str, str | None]]:
     with sqlite3.connect(db) as con:
-        return con.execute("SELECT content, stats FROM messages WHERE role='assistant' "
-                           "ORDER BY id").fetchall()
+        return con.execute(
+            "SELECT content, stats FROM messages WHERE role='assistant' ORDER BY id"
+        ).fetchall()
 
 
 def main() -> None:
@@ -76,13 +77,21 @@ def main() -> None:
     history = History(db)
     history.create("bench", ConversationSettings(temperature=0.0, max_tokens=args.tokens))
     history.close()
-    env = {**os.environ, "LOCALLLM_CONFIG": os.devnull, "LOCALLLM_DATA_DIR": str(tmp / "data"),
-           "LOCALLLM_N_THREADS": str(THREADS), "LOCALLLM_PORT": str(free_port())}
+    env = {
+        **os.environ,
+        "LOCALLLM_CONFIG": os.devnull,
+        "LOCALLLM_DATA_DIR": str(tmp / "data"),
+        "LOCALLLM_N_THREADS": str(THREADS),
+        "LOCALLLM_PORT": str(free_port()),
+    }
     exe = Path(sys.executable).with_name("localllm")
     subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     t0 = time.perf_counter()
-    subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40",
-                    f"exec {exe}"], check=True, env=env)
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", f"exec {exe}"],
+        check=True,
+        env=env,
+    )
     try:
         t_input = wait(lambda: "╭" in screen() and "╰" in screen(), "the input box")
         t_model = wait(lambda: "llamacpp" in screen(), "the model", step=0.02)
@@ -103,6 +112,7 @@ def main() -> None:
         def term_cpu() -> float:
             t = term_proc.cpu_times()
             return float(t.user + t.system)
+
         for k in range(1, args.rounds + 1):
             before = len(answers(db))
             tmux("send-keys", "-t", SESSION, "C-n")
@@ -116,14 +126,20 @@ def main() -> None:
             stats = json.loads(answers(db)[-1][1] or "{}")
             app_tps.append(stats["decode_tps"])
             tokens = model.render_chat([Message("user", prompt(k))])
-            final = list(model.stream(tokens, SamplingParams(temperature=0.0,
-                                                             max_tokens=args.tokens),
-                                      should_stop=lambda: False))[-1]
+            final = list(
+                model.stream(
+                    tokens,
+                    SamplingParams(temperature=0.0, max_tokens=args.tokens),
+                    should_stop=lambda: False,
+                )
+            )[-1]
             assert final.stats is not None
             base_tps.append(final.stats.decode_tps)
             if stats["generated_tokens"] != final.stats.generated_tokens:
-                print(f"round {k}: token counts differ ({stats['generated_tokens']} vs "
-                      f"{final.stats.generated_tokens})")
+                print(
+                    f"round {k}: token counts differ ({stats['generated_tokens']} vs "
+                    f"{final.stats.generated_tokens})"
+                )
         rss = psutil.Process(pid).memory_info().rss
         model_size = ref.size_bytes
     finally:
@@ -132,8 +148,10 @@ def main() -> None:
 
     app_m, base_m = statistics.median(app_tps), statistics.median(base_tps)
     print(f"Machine: {machine()}")
-    print(f"{args.rounds} rounds, {args.tokens} new tokens, greedy, {THREADS} threads, "
-          "in tmux 120x40\n")
+    print(
+        f"{args.rounds} rounds, {args.tokens} new tokens, greedy, {THREADS} threads, "
+        "in tmux 120x40\n"
+    )
     print("| measure | value |")
     print("|---|---:|")
     print(f"| `localllm` to a drawn input box | {(t_input - t0) * 1000:.0f} ms |")
@@ -142,10 +160,14 @@ def main() -> None:
     print(f"| decode tokens/s through `LoadedModel.stream()` (median) | {base_m:.1f} |")
     print(f"| app / stream | {app_m / base_m:.3f} |")
     print(f"| app process memory (RSS) | {format_bytes(rss)} |")
-    print(f"| ... minus the model file ({format_bytes(model_size)}) | "
-          f"{format_bytes(rss - model_size)} |")
-    print(f"| CPU per answer: app UI thread / tmux (median) | {statistics.median(ui_cpu):.3f} s /"
-          f" {statistics.median(tmux_cpu):.3f} s |")
+    print(
+        f"| ... minus the model file ({format_bytes(model_size)}) | "
+        f"{format_bytes(rss - model_size)} |"
+    )
+    print(
+        f"| CPU per answer: app UI thread / tmux (median) | {statistics.median(ui_cpu):.3f} s /"
+        f" {statistics.median(tmux_cpu):.3f} s |"
+    )
     print(f"\nper round, app: {[round(x, 1) for x in app_tps]}")
     print(f"per round, stream: {[round(x, 1) for x in base_tps]}")
 

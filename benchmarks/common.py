@@ -47,7 +47,9 @@ class Server:
         env = {**os.environ, "LOCALLLM_CONFIG": os.devnull}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "localllm", "serve", "--port", str(self.port), *args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
         )
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

@@ -176,7 +176,7 @@ class ChatApp(App[None]):
             self.status.state = ""
             self.status.model = ref.name if ref else info.id
             self.status.device = f"{info.backend} {info.device}"
-            self.status.context = f"ctx 0/{info.n_ctx}"
+            self._show_context()
 
         self.call_from_thread(done)
 
@@ -210,6 +210,18 @@ class ChatApp(App[None]):
             await self.chat.mount_all(widgets)
         self.chat.scroll_end(animate=False)
         self.sub_title = conv.title
+        self._show_context()
+
+    def _show_context(self) -> None:
+        """Context used by the conversation's last answer, against the loaded context size."""
+        info = self.engine.model_info
+        if info is None or self.conv is None:
+            return
+        stats = next(
+            (m.stats for m in reversed(self.history.messages(self.conv.id)) if m.stats), None
+        )
+        used = stats["prompt_tokens"] + stats["generated_tokens"] if stats else 0
+        self.status.context = f"ctx {used}/{info.n_ctx}"
 
     def _retitle(self, cid: int, title: str) -> None:
         """Rename a conversation and its sidebar entry, without rebuilding the list."""
