@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.pilot import Pilot
@@ -71,3 +73,17 @@ async def ask(pilot: Pilot, text: str) -> None:
     await pilot.press("enter")
     await wait_for(pilot, lambda: len(answers(app)) > before and not app.generating,
                    "the answer to be stored")
+
+
+@contextmanager
+def app_with(tmp_path: Path, store: ModelStore, *, serve: bool = False,
+             db: Path | None = None, **settings: Any) -> Iterator[tuple[ChatApp, History]]:
+    """A chat app with its own settings, engine and history, closed afterwards."""
+    conf = Settings(**{"n_threads": 2, "data_dir": tmp_path / "d", **settings})
+    engine = Engine(conf, store)
+    history = History(db or tmp_path / "h.sqlite3")
+    try:
+        yield ChatApp(conf, engine, history=history, serve=serve, live_status=False), history
+    finally:
+        history.close()
+        engine.close()

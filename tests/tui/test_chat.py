@@ -9,8 +9,6 @@ import openai
 from textual import events
 from textual.widgets import DataTable
 
-from localllm.config import Settings
-from localllm.engine.worker import Engine
 from localllm.history import ConversationSettings, History
 from localllm.models.store import ModelStore
 from localllm.tui.app import ChatApp
@@ -18,7 +16,7 @@ from localllm.tui.screens.dialogs import FullContextScreen
 from localllm.tui.screens.model_picker import ModelPicker
 from localllm.tui.widgets.messages import ChatMessage
 from tests.conftest import free_port
-from tests.tui.conftest import answers, ask, ready, wait_for
+from tests.tui.conftest import answers, app_with, ask, ready, wait_for
 
 GREEDY = ConversationSettings(temperature=0.0, max_tokens=24)
 
@@ -114,16 +112,12 @@ async def test_edit_last_prompt_puts_it_back_in_the_input(make_app, history: His
         assert list(app.chat.query(ChatMessage)) == []
 
 
-async def test_conversation_survives_reopening(settings: Settings, store: ModelStore,
-                                               tmp_path: Path):
+async def test_conversation_survives_reopening(store: ModelStore, tmp_path: Path):
     db = tmp_path / "chat.sqlite3"
     for round_ in range(2):
-        engine = Engine(settings, store)
-        history = History(db)
-        if round_ == 0:
-            history.create("first", GREEDY)
-        app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
-        try:
+        with app_with(tmp_path, store, db=db) as (app, history):
+            if round_ == 0:
+                history.create("first", GREEDY)
             async with app.run_test(size=(100, 30)) as pilot:
                 await ready(pilot)
                 if round_ == 0:
@@ -141,22 +135,15 @@ async def test_conversation_survives_reopening(settings: Settings, store: ModelS
                     app.prompt_box.focus()
                     await pilot.press("up")
                     assert app.prompt_box.text == "Say hello."
-        finally:
-            history.close()
-            engine.close()
 
 
 async def test_full_context_offers_dropping_the_oldest_turns(tmp_path: Path, store: ModelStore):
-    settings = Settings(n_threads=2, n_ctx=160, data_dir=tmp_path / "d")
-    engine = Engine(settings, store)
-    history = History(tmp_path / "h.sqlite3")
-    conv = history.create("long", ConversationSettings(temperature=0.0, max_tokens=4))
-    filler = "The quick brown fox jumps over the lazy dog. " * 6
-    for _ in range(2):
-        history.add(conv.id, "user", filler)
-        history.add(conv.id, "assistant", filler)
-    app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
-    try:
+    with app_with(tmp_path, store, n_ctx=160) as (app, history):
+        conv = history.create("long", ConversationSettings(temperature=0.0, max_tokens=4))
+        filler = "The quick brown fox jumps over the lazy dog. " * 6
+        for _ in range(2):
+            history.add(conv.id, "user", filler)
+            history.add(conv.id, "assistant", filler)
         async with app.run_test(size=(110, 32)) as pilot:
             await ready(pilot)
             app.prompt_box.load_text("And now?")
@@ -176,20 +163,13 @@ async def test_full_context_offers_dropping_the_oldest_turns(tmp_path: Path, sto
             assert dropped and dropped[0].id == msgs[0].id  # the oldest went first
             assert msgs[-1].role == "assistant" and msgs[-1].in_context
             assert len(msgs) == 6  # nothing was deleted
-    finally:
-        history.close()
-        engine.close()
 
 
 async def test_full_context_new_chat_moves_the_prompt(tmp_path: Path, store: ModelStore):
-    settings = Settings(n_threads=2, n_ctx=160, data_dir=tmp_path / "d")
-    engine = Engine(settings, store)
-    history = History(tmp_path / "h.sqlite3")
-    conv = history.create("long", ConversationSettings(temperature=0.0, max_tokens=4))
-    history.add(conv.id, "user", "The quick brown fox jumps over the lazy dog. " * 14)
-    history.add(conv.id, "assistant", "ok")
-    app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
-    try:
+    with app_with(tmp_path, store, n_ctx=160) as (app, history):
+        conv = history.create("long", ConversationSettings(temperature=0.0, max_tokens=4))
+        history.add(conv.id, "user", "The quick brown fox jumps over the lazy dog. " * 14)
+        history.add(conv.id, "assistant", "ok")
         async with app.run_test(size=(110, 32)) as pilot:
             await ready(pilot)
             app.prompt_box.load_text("Fresh question")
@@ -200,19 +180,10 @@ async def test_full_context_new_chat_moves_the_prompt(tmp_path: Path, store: Mod
                            and len(answers(app)) == 1 and not app.generating, "the new chat")
             assert history.messages(app.conv.id)[0].content == "Fresh question"
             assert [m.role for m in history.messages(conv.id)] == ["user", "assistant"]
-    finally:
-        history.close()
-        engine.close()
 
 
-async def test_endpoint_answers_while_the_app_streams(settings: Settings, store: ModelStore,
-                                                      tmp_path: Path):
+async def test_endpoint_answers_while_the_app_streams(store: ModelStore, tmp_path: Path):
     port = free_port()
-    settings = Settings(n_threads=2, port=port, data_dir=tmp_path / "d")
-    engine = Engine(settings, store)
-    history = History(tmp_path / "h.sqlite3")
-    history.create("t", ConversationSettings(temperature=0.0, max_tokens=60))
-    app = ChatApp(settings, engine, history=history, serve=True, live_status=False)
     result: dict = {}
 
     def call_api() -> None:
@@ -224,7 +195,8 @@ async def test_endpoint_answers_while_the_app_streams(settings: Settings, store:
         result["text"], result["usage"] = r.choices[0].message.content, r.usage
         result["finish"] = r.choices[0].finish_reason
 
-    try:
+    with app_with(tmp_path, store, serve=True, port=port) as (app, history):
+        history.create("t", ConversationSettings(temperature=0.0, max_tokens=60))
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
             await wait_for(pilot, lambda: app.status.endpoint != "endpoint starting", "endpoint")
@@ -241,25 +213,17 @@ async def test_endpoint_answers_while_the_app_streams(settings: Settings, store:
         assert result["finish"] == "length" and result["usage"].completion_tokens == 5
         assert result["text"]
         assert answers(app)[0].stats["generated_tokens"] == 60
-    finally:
-        history.close()
-        engine.close()
 
 
-async def test_port_in_use_is_shown_and_chat_goes_on(settings: Settings, store: ModelStore,
-                                                     tmp_path: Path):
+async def test_port_in_use_is_shown_and_chat_goes_on(store: ModelStore, tmp_path: Path):
     import socket
 
     with socket.socket() as blocker:
         blocker.bind(("127.0.0.1", 0))
         blocker.listen(1)
         port = blocker.getsockname()[1]
-        settings = Settings(n_threads=2, port=port, data_dir=tmp_path / "d")
-        engine = Engine(settings, store)
-        history = History(tmp_path / "h.sqlite3")
-        history.create("t", ConversationSettings(temperature=0.0, max_tokens=4))
-        app = ChatApp(settings, engine, history=history, serve=True, live_status=False)
-        try:
+        with app_with(tmp_path, store, serve=True, port=port) as (app, history):
+            history.create("t", ConversationSettings(temperature=0.0, max_tokens=4))
             async with app.run_test(size=(100, 30)) as pilot:
                 await ready(pilot)
                 await wait_for(pilot, lambda: app.status.endpoint != "endpoint starting",
@@ -267,9 +231,6 @@ async def test_port_in_use_is_shown_and_chat_goes_on(settings: Settings, store: 
                 assert app.status.endpoint == f"endpoint off: port {port} in use"
                 await ask(pilot, "Hi")
                 assert answers(app)[0].content
-        finally:
-            history.close()
-            engine.close()
 
 
 async def test_model_that_fails_to_load_is_a_message_not_a_crash(tmp_path: Path,
@@ -277,11 +238,7 @@ async def test_model_that_fails_to_load_is_a_message_not_a_crash(tmp_path: Path,
                                                                  starter_ref):
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(starter_ref.path.read_bytes()[:200_000])
-    settings = Settings(n_threads=2, model=str(broken), data_dir=tmp_path / "d")
-    engine = Engine(settings, store)
-    history = History(tmp_path / "h.sqlite3")
-    app = ChatApp(settings, engine, history=history, serve=False, live_status=False)
-    try:
+    with app_with(tmp_path, store, model=str(broken)) as (app, _history):
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.status.state == "model not loaded", "load failure")
             notes = [n.message for n in app._notifications]
@@ -289,9 +246,6 @@ async def test_model_that_fails_to_load_is_a_message_not_a_crash(tmp_path: Path,
             app.prompt_box.load_text("still typing")  # the app is usable
             assert app.prompt_box.text == "still typing"
             assert app.is_running
-    finally:
-        history.close()
-        engine.close()
 
 
 async def test_copy_export_and_commands(make_app, history: History, tmp_path: Path):
