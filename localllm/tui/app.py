@@ -49,20 +49,47 @@ NEW_TITLE = "New chat"
 class ChatApp(App[None]):
     CSS_PATH = "app.tcss"
     TITLE = "localllm"
+    # Footer labels are short so they fit in 110 columns; the palette uses TITLES.
     BINDINGS = [
         Binding("escape", "stop", "Stop"),
-        Binding("ctrl+n", "new_chat", "New chat"),
-        Binding("ctrl+r", "regenerate", "Regenerate"),
-        Binding("ctrl+l", "edit_last", "Edit last"),
-        Binding("f5", "copy_answer", "Copy answer"),
-        Binding("f9", "copy_code", "Copy code"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+r", "regenerate", "Regen"),
+        Binding("ctrl+l", "edit_last", "Edit"),
+        Binding("f5", "copy_answer", "Copy"),
+        Binding("f9", "copy_code", "Code"),
         Binding("ctrl+s", "export", "Export"),
         Binding("f2", "rename", "Rename"),
-        Binding("f8", "delete_chat", "Delete chat"),
+        Binding("f8", "delete_chat", "Delete"),
         Binding("f3", "models", "Models"),
         Binding("f4", "settings", "Settings"),
-        Binding("ctrl+q", "quit", "Quit"),
+        Binding("ctrl+q", "quit", "Quit", show=False),  # the usual key; kept out of the footer
     ]
+    TITLES = {
+        "stop": "Stop",
+        "new_chat": "New chat",
+        "regenerate": "Regenerate",
+        "edit_last": "Edit last",
+        "copy_answer": "Copy answer",
+        "copy_code": "Copy code",
+        "export": "Export",
+        "rename": "Rename",
+        "delete_chat": "Delete chat",
+        "models": "Models",
+        "settings": "Settings",
+    }
+    ACTION_HELP = {
+        "stop": "Stop the answer, keeping what it wrote",
+        "new_chat": "Start a new conversation",
+        "regenerate": "Answer the last prompt again",
+        "edit_last": "Put the last prompt back in the input to edit and resend",
+        "copy_answer": "Copy the last answer to the clipboard",
+        "copy_code": "Copy the last answer's last code block",
+        "export": "Write this conversation to a Markdown file in the current folder",
+        "rename": "Rename this conversation",
+        "delete_chat": "Delete this conversation",
+        "models": "Pick and load a local model",
+        "settings": "System prompt, sampling, answer length and context for this conversation",
+    }
 
     def __init__(
         self,
@@ -97,7 +124,7 @@ class ChatApp(App[None]):
                 yield VerticalScroll(id="chat")
                 yield ChatInput(id="input", recall=self.history.prompts())
         yield StatusBar(id="status")
-        yield Footer()
+        yield Footer(compact=True)
 
     @property
     def status(self) -> StatusBar:
@@ -541,14 +568,11 @@ class ChatApp(App[None]):
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for binding in self.BINDINGS:
-            assert isinstance(binding, Binding)
-            if binding.action in ("quit",):
-                continue
-            action = binding.action
+        keys = {b.action: b.key for b in self.BINDINGS if isinstance(b, Binding)}
+        for action, title in self.TITLES.items():
             yield SystemCommand(
-                binding.description,
-                f"{binding.description} ({binding.key})",
+                title,
+                f"{self.ACTION_HELP[action]} ({keys[action]})",
                 lambda action=action: self.run_action(action),
             )
 
