@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import importlib.util
+import itertools
 import logging
 import random
 import time
@@ -37,6 +38,7 @@ log = logging.getLogger(__name__)
 _native_log = logging.getLogger("localllm.llama_cpp")
 
 DEFAULT_MAX_CTX = 4096
+ALIGN = 32  # prompt batches start at multiples of this position (see _decode)
 PENALTY_LAST_N = 64
 # ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
@@ -126,7 +128,6 @@ class LlamaCppModel:
             raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens")
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        self._n_batch = int(cparams.n_batch)
         self._kv_tokens: list[int] = []
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -233,17 +234,26 @@ class LlamaCppModel:
 
     # -- generation ----------------------------------------------------------------
     def _decode(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
-        """Evaluate tokens after the cached ones; False when cancelled part way."""
+        """Evaluate tokens after the cached ones; False when cancelled part way.
+
+        Batches start at positions that are multiples of ALIGN and the last token
+        goes alone. A token's KV then never depends on where a reused prefix ended,
+        so a cache hit gives bit for bit the output of a cold run (with one big
+        batch it does not: batched and single-token evaluation round differently).
+        """
         ll = self._ll
-        for start in range(0, len(tokens), self._n_batch):
-            if start and should_stop():
+        start = len(self._kv_tokens)
+        cuts = [i for i in range(1, len(tokens) - 1) if (start + i) % ALIGN == 0]
+        bounds = [0, *cuts, len(tokens) - 1, len(tokens)] if len(tokens) > 1 else [0, 1]
+        for lo, hi in itertools.pairwise(bounds):
+            if lo and should_stop():
                 return False
-            part = tokens[start : start + self._n_batch]
+            part = tokens[lo:hi]
             arr = (ll.llama_token * len(part))(*part)
             rc = ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, len(part)))
             if rc != 0:
                 self._reset_kv()
-                raise LocalLLMError(f"llama_decode failed with code {rc} at prompt token {start}")
+                raise LocalLLMError(f"llama_decode failed with code {rc} at prompt token {lo}")
             self._kv_tokens.extend(part)
         return True
 
@@ -252,12 +262,13 @@ class LlamaCppModel:
         self._kv_tokens = []
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
-        """Drop the cached tokens past the common prefix; return how many are kept."""
+        """Drop the cached tokens past the common prefix (rounded down to ALIGN)."""
         cached = self._kv_tokens
         n = 0
         limit = min(len(cached), len(prompt) - 1)  # the last prompt token is always evaluated
         while n < limit and cached[n] == prompt[n]:
             n += 1
+        n -= n % ALIGN
         if n < len(cached):
             if not self._ll.llama_memory_seq_rm(self._mem, 0, n, -1):
                 self._reset_kv()

@@ -51,16 +51,27 @@ def test_max_tokens_exactly_and_one_final_chunk(loaded: LoadedModel):
     assert finals[0].stats is not None and finals[0].stats.generated_tokens == 7
 
 
-def test_greedy_is_deterministic_and_cached_prefix_matches_cold(loaded: LoadedModel):
-    prompt = chat(loaded, "List three colors.")
-    first = run(loaded, prompt, GREEDY)
-    # a different prompt in between, then the same one again: served partly from cache
-    run(loaded, chat(loaded, "Name a fruit."), SamplingParams(temperature=0.0, max_tokens=3))
-    again = run(loaded, prompt, GREEDY)
-    assert generated(first) == generated(again)
-    assert "".join(c.text for c in first) == "".join(c.text for c in again)
-    final = again[-1].stats
-    assert final is not None and final.cached_tokens > 0
+SYSTEM = "You are a helpful assistant who knows history, geography and science well. " * 8
+
+
+@pytest.mark.parametrize("question", ["Tell me about the history of Rome. " * 20,
+                                      "Explain photosynthesis in detail."])
+def test_cached_prefix_gives_exactly_the_cold_output(loaded: LoadedModel, question: str):
+    prompt = loaded.render_chat([Message("system", SYSTEM), Message("user", question)])
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)  # nothing of `prompt` is cached now
+    cold = run(loaded, prompt, params)
+    assert cold[-1].stats is not None and cold[-1].stats.cached_tokens == 0
+    full_hit = run(loaded, prompt, params)  # the same prompt again
+    other = loaded.render_chat([Message("system", SYSTEM), Message("user", "Hi there.")])
+    run(loaded, other, GREEDY)  # shares only the system prompt
+    partial_hit = run(loaded, prompt, params)
+    assert generated(full_hit) == generated(cold)
+    assert generated(partial_hit) == generated(cold)
+    full, part = full_hit[-1].stats, partial_hit[-1].stats
+    assert full is not None and part is not None
+    assert len(prompt) - 32 <= full.cached_tokens < len(prompt)
+    assert 0 < part.cached_tokens < full.cached_tokens
 
 
 def test_seeded_sampling_repeats(loaded: LoadedModel):
