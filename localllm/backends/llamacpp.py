@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 _native_log = logging.getLogger("localllm.llama_cpp")
 
 DEFAULT_MAX_CTX = 4096
-ALIGN = 32  # prompt batches start at multiples of this position (see _decode)
+ALIGN = 64  # prompt batches start at multiples of this position (see _decode)
 PENALTY_LAST_N = 64
 # ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
