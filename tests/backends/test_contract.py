@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from localllm.backends.base import Chunk, LoadedModel, Message, SamplingParams
+from localllm.backends.base import Chunk, LoadedModel, Message, ModelRef, SamplingParams
 from localllm.backends.llamacpp import ALIGN
 from localllm.errors import ContextOverflow
+from localllm.models.gguf import read_gguf
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 NEVER = lambda: False  # noqa: E731
@@ -142,9 +143,10 @@ def test_generation_stops_at_end_of_context(loaded: LoadedModel):
     assert chunks[-1].finish_reason in ("length", "stop")
 
 
-def test_model_info(loaded: LoadedModel):
+def test_model_info(loaded: LoadedModel, starter_ref: ModelRef):
     info = loaded.info
     assert info.n_ctx == 2048 and info.n_ctx_train == 8192
     assert info.eog_ids and 2 in info.eog_ids  # <|im_end|>
     assert info.quant.upper().startswith("Q4_1")
-    assert len(info.vocab_fingerprint) == 16
+    # the same identity the store reads from the file header, whatever the backend
+    assert info.vocab_fingerprint == read_gguf(starter_ref.path).vocab_fingerprint
