@@ -216,14 +216,14 @@ def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.backends.base import default_n_ctx
     from localllm.models.gguf import format_bytes, format_params, read_gguf
     from localllm.models.store import ModelStore
 
     ref = ModelStore(settings.models_dir).resolve(args.model)
     meta = read_gguf(ref.path)
-    n_ctx = settings.n_ctx or min(meta.n_ctx_train or 4096, 4096)
-    head_dim = meta.n_embd // meta.n_head if meta.n_head else 0
-    kv_per_token = 2 * meta.n_layers * meta.n_head_kv * head_dim * 2  # K and V, f16
+    n_ctx = settings.n_ctx or default_n_ctx(meta.n_ctx_train)
+    kv_per_token = meta.kv_bytes_per_token
     fim = "yes" if meta.fim_ids else "no"
     fields = [
         ("name", ref.name),
@@ -279,11 +279,8 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     messages = [Message("user", prompt)]
     if args.system:
         messages.insert(0, Message("system", args.system))
-    defaults = SamplingParams()
-    params = SamplingParams(
-        temperature=defaults.temperature if args.temperature is None else args.temperature,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
+    params = SamplingParams().with_overrides(
+        temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens
     )
     engine = Engine(settings)
     cancel = threading.Event()
@@ -350,10 +347,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
     def load() -> None:
         try:
-            engine.load(
-                ref.path.as_posix() if ref.source == "path" else ref.name,
-                progress=_progress_printer(f"Loading {ref.name}"),
-            )
+            engine.load(ref, progress=_progress_printer(f"Loading {ref.name}"))
         except LocalLLMError as exc:
             failed.append(exc)
             server.should_exit = True

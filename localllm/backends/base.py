@@ -7,11 +7,19 @@ only through `Backend` and `LoadedModel`.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
 Role = Literal["system", "user", "assistant"]
+DEFAULT_MAX_CTX = 4096  # the context a model gets unless told otherwise, if it was trained longer
+
+
+def default_n_ctx(n_ctx_train: int) -> int:
+    """The default context size: the trained context, at most DEFAULT_MAX_CTX."""
+    return min(n_ctx_train or DEFAULT_MAX_CTX, DEFAULT_MAX_CTX)
+
+
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
@@ -33,6 +41,10 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+
+    def with_overrides(self, **values: object) -> SamplingParams:
+        """A copy with the given fields replaced; a value of None keeps the current one."""
+        return replace(self, **{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

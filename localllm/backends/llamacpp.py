@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from localllm.backends import chat_template
 from localllm.backends.base import (
+    DEFAULT_MAX_CTX,
     Chunk,
     FimTokens,
     FinishReason,
@@ -29,6 +30,7 @@ from localllm.backends.base import (
     ModelInfo,
     ModelRef,
     SamplingParams,
+    default_n_ctx,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import ContextOverflow, InvalidRequest, LocalLLMError, ModelLoadError
@@ -37,7 +39,6 @@ from localllm.hardware import physical_cores
 log = logging.getLogger(__name__)
 _native_log = logging.getLogger("localllm.llama_cpp")
 
-DEFAULT_MAX_CTX = 4096
 ALIGN = 64  # prompt batches start at multiples of this position (see _decode)
 PENALTY_LAST_N = 64
 # ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
@@ -112,7 +113,7 @@ class LlamaCppModel:
         self._model = model
         self._vocab = ll.llama_model_get_vocab(model)
         n_ctx_train = int(ll.llama_model_n_ctx_train(model)) or DEFAULT_MAX_CTX
-        n_ctx = options.n_ctx or min(n_ctx_train, DEFAULT_MAX_CTX)
+        n_ctx = options.n_ctx or default_n_ctx(n_ctx_train)
         threads = options.n_threads or physical_cores()
         cparams = ll.llama_context_default_params()
         cparams.n_ctx = n_ctx

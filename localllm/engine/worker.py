@@ -161,6 +161,35 @@ class ChunkStream:
             raise StopAsyncIteration
         return item
 
+    async def batches(self, due_in: Callable[[], float]) -> AsyncIterator[tuple[str, Chunk | None]]:
+        """The answer's text in pieces, for readers that draw it at their own pace.
+
+        A piece comes when `due_in()` (seconds until the reader wants to draw again)
+        reaches 0, the first one at once; the last comes with the final chunk. Tokens
+        that arrive before a piece is due do not wake the reader.
+        """
+        pending = ""
+        while True:
+            if pending and due_in() == 0.0:
+                yield pending, None
+                pending = ""
+            try:
+                # before a piece is due, tokens need not wake us; after it, the next one does
+                chunk = await self.next(due_in() or None)
+            except StopAsyncIteration:
+                return
+            except Exception:
+                if pending:
+                    yield pending, None  # what arrived before the failure
+                raise
+            if chunk is None:
+                continue
+            if chunk.finish_reason is not None:
+                yield pending + chunk.text, chunk
+                pending = ""
+            else:
+                pending += chunk.text
+
     def cancel(self) -> None:
         self._cancel.set()
 
@@ -201,13 +230,18 @@ class Engine:
     # -- loading -----------------------------------------------------------------
     def load(
         self,
-        name: str | None,
+        model: str | ModelRef | None,
         *,
         progress: Callable[[float], None] | None = None,
         n_ctx: int | None = None,
     ) -> ModelInfo:
-        """Load a model now (blocking), replacing the current one; n_ctx overrides the setting."""
-        ref = self.store.resolve(name or self.settings.model)
+        """Load a model (a reference, or a name to resolve) now, blocking, replacing the current
+        one; n_ctx overrides the setting."""
+        ref = (
+            model
+            if isinstance(model, ModelRef)
+            else self.store.resolve(model or self.settings.model)
+        )
         done: queue.Queue[Any] = queue.Queue()
         job = _Job(
             Request(SamplingParams()), ref, done.put, load_only=True, progress=progress, n_ctx=n_ctx

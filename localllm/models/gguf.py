@@ -45,6 +45,12 @@ class GGUFMeta:
     def has_fim(self) -> bool:
         return self.fim_ids is not None
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV cache bytes per token at f16: 2 (K and V) x layers x KV heads x head dim x 2."""
+        head_dim = self.n_embd // self.n_head if self.n_head else 0
+        return 2 * self.n_layers * self.n_head_kv * head_dim * 2
+
 
 def is_gguf(path: Path) -> bool:
     """True when the file starts with the GGUF magic."""

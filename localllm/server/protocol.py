@@ -77,16 +77,13 @@ class SamplingFields(_Wire):
         return self.max_tokens
 
     def sampling(self) -> SamplingParams:
-        defaults = SamplingParams()
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
-        return SamplingParams(
-            temperature=defaults.temperature if self.temperature is None else self.temperature,
-            top_p=defaults.top_p if self.top_p is None else self.top_p,
-            top_k=defaults.top_k if self.top_k is None else self.top_k,
-            min_p=defaults.min_p if self.min_p is None else self.min_p,
-            repeat_penalty=(
-                defaults.repeat_penalty if self.repeat_penalty is None else self.repeat_penalty
-            ),
+        return SamplingParams().with_overrides(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty,
             seed=self.seed,
             max_tokens=self.token_limit(),
             stop=tuple(s for s in stop if s),

@@ -32,27 +32,19 @@ async def sse_frames(
     client a JSON parse, and on a machine whose cores all decode, that work comes
     out of the model's time; a frame every 20 ms is still smooth to a reader.
     """
-    pending = ""
     last_sent = float("-inf")
+
+    def due_in() -> float:
+        return max(0.0, last_sent + interval_s - time.monotonic())
+
     try:
-        while True:
-            if pending and time.monotonic() - last_sent >= interval_s:
-                yield frame(on_text(pending))
-                pending, last_sent = "", time.monotonic()
-            # before the frame deadline tokens need not wake us; after it, the next one does
-            wait = max(0.0, last_sent + interval_s - time.monotonic()) or None
-            try:
-                chunk = await stream.next(wait)
-            except StopAsyncIteration:
-                break
-            if chunk is None:
-                continue
-            if chunk.finish_reason is not None:
-                for payload in on_final(chunk, pending + chunk.text):
-                    yield frame(payload)
-                pending = ""
+        async for text, final in stream.batches(due_in):
+            if final is None:
+                yield frame(on_text(text))
+                last_sent = time.monotonic()
             else:
-                pending += chunk.text
+                for payload in on_final(final, text):
+                    yield frame(payload)
         yield DONE
     finally:
         stream.cancel()

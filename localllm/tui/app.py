@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, ListItem, ListView, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from localllm.backends.base import Chunk, Message, SamplingParams
+from localllm.backends.base import Chunk, Message, ModelRef, SamplingParams
 from localllm.config import Settings
 from localllm.engine.worker import ChunkStream, Engine, Request
 from localllm.errors import ContextOverflow, LocalLLMError
@@ -185,15 +185,15 @@ class ChatApp(App[None]):
 
     # -- model -----------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def load_model(self, name: str | None, n_ctx: int | None = None) -> None:
-        label = name or self.settings.model
+    def load_model(self, model: str | ModelRef | None, n_ctx: int | None = None) -> None:
+        label = model.name if isinstance(model, ModelRef) else model or self.settings.model
 
         def progress(fraction: float) -> None:
             self.call_from_thread(setattr, self.status, "state", f"loading {label} {fraction:.0%}")
 
         self.call_from_thread(setattr, self.status, "state", f"loading {label}")
         try:
-            info = self.engine.load(name, progress=progress, n_ctx=n_ctx)
+            info = self.engine.load(model, progress=progress, n_ctx=n_ctx)
         except LocalLLMError as exc:
             self.call_from_thread(self._load_failed, exc.message)
             return
@@ -326,11 +326,8 @@ class ChatApp(App[None]):
             for m in self.history.messages(conv.id)
             if m.in_context and m.role in ("user", "assistant")
         ]
-        defaults = SamplingParams()
-        params = SamplingParams(
-            temperature=defaults.temperature if s.temperature is None else s.temperature,
-            top_p=defaults.top_p if s.top_p is None else s.top_p,
-            max_tokens=s.max_tokens,
+        params = SamplingParams().with_overrides(
+            temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
         )
         return Request(params, messages=messages)
 
@@ -356,8 +353,7 @@ class ChatApp(App[None]):
         info = self.engine.model_info
         if want and info is not None and info.n_ctx != want:
             self.status.state = f"reloading with a {want}-token context"
-            name = self.engine.model_ref.name if self.engine.model_ref else None
-            await asyncio.to_thread(self.engine.load, name, n_ctx=want)
+            await asyncio.to_thread(self.engine.load, self.engine.model_ref, n_ctx=want)
             self.status.state = ""
             self.status.context = f"ctx 0/{want}"
 
@@ -424,39 +420,27 @@ class ChatApp(App[None]):
         md: MarkdownStream | None = None
         if self.conv is not None and self.conv.id == conv.id:  # still on screen
             await self.chat.mount(answer)
-            self.chat.scroll_end(animate=False)
-            md = Markdown.get_stream(answer.body)
+            if self.conv is not None and self.conv.id == conv.id:
+                self.chat.scroll_end(animate=False)
+                md = Markdown.get_stream(answer.body)
+            elif answer.is_attached:  # the view moved to another conversation meanwhile
+                await answer.remove()
         pacer = RedrawPacer()
         parts: list[str] = []
-        pending = ""
         final: Chunk | None = None
         try:
-            while True:
-                if pending and pacer.wait() == 0.0:
-                    parts.append(pending)
-                    if md is not None and answer.is_attached:
-                        await md.write(pending)
-                    pending = ""
-                    pacer.drawn()
-                    if (
-                        self.chat.is_vertical_scroll_end
-                        or self.chat.max_scroll_y - self.chat.scroll_y < 3
-                    ):
-                        self.chat.scroll_end(animate=False)
-                try:
-                    # before the redraw is due, tokens need not wake us; after, the next one does
-                    chunk = await stream.next(pacer.wait() or None)
-                except StopAsyncIteration:
-                    break
-                if chunk is not None:
-                    pending += chunk.text
-                    if chunk.finish_reason is not None:
-                        final = chunk
-        finally:
-            if pending:
-                parts.append(pending)
+            async for text, last in stream.batches(pacer.wait):
+                final = last or final
+                parts.append(text)
                 if md is not None and answer.is_attached:
-                    await md.write(pending)
+                    await md.write(text)
+                pacer.drawn()
+                if (
+                    self.chat.is_vertical_scroll_end
+                    or self.chat.max_scroll_y - self.chat.scroll_y < 3
+                ):
+                    self.chat.scroll_end(animate=False)
+        finally:
             if md is not None:
                 await md.stop()
             stats = _stats_dict(final)
@@ -553,8 +537,7 @@ class ChatApp(App[None]):
         if choice is not None and choice.name != current:
             if self.generating:
                 self.action_stop()
-            name = str(choice.path) if choice.source == "path" else choice.name
-            self.load_model(name, self.conv.settings.n_ctx if self.conv else None)
+            self.load_model(choice, self.conv.settings.n_ctx if self.conv else None)
 
     @work(exclusive=True, group="dialog")
     async def action_settings(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 from textual.pilot import Pilot
 
 from localllm.history import ConversationSettings, History
@@ -40,27 +42,24 @@ def test_chat_screen(snap_compare, make_app, history: History):
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=settle)
 
 
-def test_model_picker(snap_compare, make_app, history: History):
-    seed(history)
-    app = make_app()
+def open_with(key: str, screen: type) -> Callable[[Pilot], Awaitable[None]]:
+    """A run_before that opens a modal screen with `key` once the app has settled."""
 
-    async def open_picker(pilot: Pilot) -> None:
+    async def run_before(pilot: Pilot) -> None:
         await settle(pilot)
-        await pilot.press("f3")
-        await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
+        await pilot.press(key)
+        await wait_for(pilot, lambda: isinstance(pilot.app.screen, screen), screen.__name__)
         await pilot.pause(0.2)
 
-    assert snap_compare(app, terminal_size=SIZE, run_before=open_picker)
+    return run_before
+
+
+def test_model_picker(snap_compare, make_app, history: History):
+    seed(history)
+    assert snap_compare(make_app(), terminal_size=SIZE, run_before=open_with("f3", ModelPicker))
 
 
 def test_settings(snap_compare, make_app, history: History):
     seed(history)
-    app = make_app()
-
-    async def open_settings(pilot: Pilot) -> None:
-        await settle(pilot)
-        await pilot.press("f4")
-        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), "settings")
-        await pilot.pause(0.2)
-
-    assert snap_compare(app, terminal_size=(110, 40), run_before=open_settings)
+    assert snap_compare(make_app(), terminal_size=(110, 40),
+                        run_before=open_with("f4", SettingsScreen))

@@ -41,7 +41,7 @@ def test_stop_inside_one_token_and_earliest_of_several():
     assert "".join(out) == "abc"
 
 
-def test_stop_found_only_at_flush():
+def test_stop_completed_by_a_later_token():
     asm = TextAssembler(("END",))
     assert asm.push(b"the EN") == "the "
     assert asm.push(b"D") == ""

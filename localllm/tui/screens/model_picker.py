@@ -10,11 +10,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
-from localllm.backends.base import ModelRef
+from localllm.backends.base import ModelRef, default_n_ctx
 from localllm.errors import LocalLLMError
 from localllm.models.gguf import format_bytes, format_params, read_gguf
-
-DEFAULT_CTX = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,9 +33,7 @@ def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
         meta = read_gguf(ref.path)
     except LocalLLMError:
         return ModelRow(ref, "?", "unreadable", "?", ref.size_bytes)
-    ctx = n_ctx or min(meta.n_ctx_train or DEFAULT_CTX, DEFAULT_CTX)
-    head_dim = meta.n_embd // meta.n_head if meta.n_head else 0
-    kv = 2 * meta.n_layers * meta.n_head_kv * head_dim * 2 * ctx
+    kv = meta.kv_bytes_per_token * (n_ctx or default_n_ctx(meta.n_ctx_train))
     return ModelRow(
         ref, format_params(meta.params), meta.quant, str(meta.n_ctx_train), meta.file_size + kv
     )
