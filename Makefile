@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@echo "Installing localllm (llama-cpp-python compiles from source the first time: about 5 minutes)"
-	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev,mlx]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,3 +30,4 @@ test: lint
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_decode
 	$(BIN)/python -m benchmarks.bench_tui
+	$(BIN)/python -m benchmarks.bench_mlx

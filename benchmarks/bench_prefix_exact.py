@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from benchmarks.common import machine
-from localllm.backends import llamacpp
+from localllm.backends import common, llamacpp
 from localllm.backends.base import LoadOptions, Message, SamplingParams
 from localllm.models.store import ModelStore
 
@@ -51,7 +51,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.one_batch:
         llamacpp.LlamaCppModel._decode = one_batch  # type: ignore[method-assign]
-        llamacpp.ALIGN = 1  # and reuse any prefix length
+        common.ALIGN = 1  # and reuse any prefix length
     ref = ModelStore(Path("/nonexistent")).resolve("starter")
     m = llamacpp.LlamaCppBackend().load(ref, LoadOptions(n_threads=2))
     params = SamplingParams(temperature=0.0, max_tokens=32)
@@ -69,7 +69,7 @@ def main() -> None:
         partial = out(prompt)
         differ += not (cold == full == partial)
     print(f"Machine: {machine()}")
-    mode = "one batch" if args.one_batch else f"aligned to {llamacpp.ALIGN}"
+    mode = "one batch" if args.one_batch else f"aligned to {common.ALIGN}"
     print(
         f"prompt evaluation {mode}: {differ} of {len(QUESTIONS)} prompts gave other tokens "
         "on a cache hit than cold"
@@ -78,7 +78,7 @@ def main() -> None:
         return
     words = m.tokenize("word " * 1000)
     for align in (32, 64, 512):
-        llamacpp.ALIGN = align
+        common.ALIGN = align
         m._reset_kv()
         t0 = time.perf_counter()
         m._decode(words, NEVER)

@@ -1,4 +1,4 @@
-"""The `localllm` command: serve, run, list, info."""
+"""The `localllm` command: chat, serve, run, list, info, convert."""
 
 from __future__ import annotations
 
@@ -91,6 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
             dest="n_threads",
             help="CPU threads (default: physical cores)",
         )
+        backend_flag(p)
+
+    def backend_flag(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--backend",
+            choices=["auto", "llamacpp", "mlx"],
+            help="auto (default): MLX on Apple Silicon, llama.cpp elsewhere",
+        )
 
     chat = sub.add_parser(
         "chat", parents=[common], help="open the terminal chat (the default command)"
@@ -108,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="n_threads",
         help="CPU threads (default: physical cores)",
     )
+    backend_flag(chat)
     chat.add_argument("--port", type=_port, help=f"endpoint port (default: {DEFAULT_PORT})")
     chat.add_argument(
         "--no-serve", action="store_true", help="do not start the endpoint beside the chat"
@@ -132,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         "info", parents=[common], help="describe a model (reads its header, not its weights)"
     )
     info.add_argument("model", help="model name, path or HF repo")
+    backend_flag(info)
+    convert = sub.add_parser(
+        "convert", parents=[common], help="import a GGUF model into MLX (in the model store)"
+    )
+    convert.add_argument("model", help="model name, path or HF repo of a GGUF")
+    convert.add_argument("--to", choices=["mlx"], required=True, help="the target format")
+    convert.add_argument("--name", help="store name of the result (default: MODEL-mlx)")
     return parser
 
 
@@ -165,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command or "chat"
     if args.command is None:
         args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "chat"])
-    flags = {k: getattr(args, k, None) for k in ("model", "n_ctx", "n_threads", "host", "port")}
+    keys = ("model", "n_ctx", "n_threads", "host", "port", "backend")
+    flags = {k: getattr(args, k, None) for k in keys}
     flags["log_level"] = args.log_level
     try:
         settings = load_settings(flags)
@@ -179,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "run": cmd_run,
         "list": cmd_list,
         "info": cmd_info,
+        "convert": cmd_convert,
     }
     try:
         return handlers[command](settings, args)
@@ -196,13 +214,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
-    from localllm.models.gguf import format_bytes, format_params, read_gguf
+    from localllm.models.gguf import format_bytes, format_params, read_meta
     from localllm.models.store import ModelStore
 
     rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE")]
     for ref in ModelStore(settings.models_dir).models():
         try:
-            meta = read_gguf(ref.path)
+            meta = read_meta(ref.path, ref.format)
             params, quant, ctx = format_params(meta.params), meta.quant, str(meta.n_ctx_train)
         except LocalLLMError:
             params, quant, ctx = "?", "unreadable", "?"
@@ -216,14 +234,24 @@ def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
 
 
 def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.backends import plan
     from localllm.backends.base import default_n_ctx
-    from localllm.models.gguf import format_bytes, format_params, read_gguf
+    from localllm.models.convert import find_import, read_provenance
+    from localllm.models.gguf import format_bytes, format_params, read_meta
     from localllm.models.store import ModelStore
 
     ref = ModelStore(settings.models_dir).resolve(args.model)
-    meta = read_gguf(ref.path)
+    meta = read_meta(ref.path, ref.format)
     n_ctx = settings.n_ctx or default_n_ctx(meta.n_ctx_train)
-    kv_per_token = meta.kv_bytes_per_token
+    kv_per_token, kv_type = meta.kv_bytes_per_token, "f16"
+    try:
+        chosen = plan(ref, settings.backend, settings.models_dir)
+        backend_line = f"{chosen.backend} ({chosen.text})"
+        device = _device_of(chosen.backend)
+    except LocalLLMError as exc:
+        backend_line, device = f"none: {exc.message}", ""
+    if device == "cpu" and backend_line.startswith("mlx"):
+        kv_per_token, kv_type = kv_per_token * 2, "f32"  # MLX computes in f32 on a CPU
     fim = "yes" if meta.fim_ids else "no"
     fields = [
         ("name", ref.name),
@@ -241,16 +269,65 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         ("vocabulary", f"{meta.vocab_size} tokens (fingerprint {meta.vocab_fingerprint})"),
         (
             "KV cache",
-            f"{format_bytes(kv_per_token)} per token (f16), "
+            f"{format_bytes(kv_per_token)} per token ({kv_type}), "
             f"{format_bytes(kv_per_token * n_ctx)} at {n_ctx} tokens",
         ),
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
-        ("backend", "llamacpp (GGUF)"),
     ]
+    if ref.format == "gguf":
+        imported = find_import(settings.models_dir, ref.path)
+        fields.append(("MLX import", imported.name if imported else "none"))
+    else:
+        source = (read_provenance(ref.path) or {}).get("source", {})
+        if source:
+            fields.append(("imported from", str(source.get("identity", {}).get("path", "?"))))
+    fields.append(("backend", backend_line))
+    if device:
+        fields.append(("device", device))
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
         print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def _device_of(backend: str) -> str:
+    """Where a backend computes on this machine, without loading a model."""
+    if backend == "mlx":
+        from localllm.backends.mlx import mlx_device
+
+        return mlx_device()
+    from localllm.hardware import physical_cores
+
+    try:
+        import llama_cpp
+
+        offload = bool(llama_cpp.llama_supports_gpu_offload())
+    except ImportError:
+        offload = False
+    return "gpu (all layers offloaded)" if offload else f"cpu ({physical_cores()} threads)"
+
+
+def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.models.convert import find_import, import_gguf
+    from localllm.models.gguf import format_bytes
+    from localllm.models.store import ModelStore
+
+    ref = ModelStore(settings.models_dir).resolve(args.model)
+    if ref.format != "gguf":
+        sys.stderr.write(f"localllm: error: {ref.name} is already an MLX model ({ref.path})\n")
+        return EXIT_USAGE
+    before = find_import(settings.models_dir, ref.path)
+    folder = import_gguf(
+        ref,
+        settings.models_dir,
+        name=args.name,
+        progress=_progress_printer(f"Importing {ref.name}"),
+    )
+    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    verb = "already imported as" if before == folder else "imported as"
+    print(f"{ref.name} {verb} {folder.name} ({format_bytes(size)}) in {folder}")
+    print(f"run it with: localllm chat {folder.name}")
     return 0
 
 

@@ -47,6 +47,7 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
     model: str = "starter"
+    backend: str = "auto"  # auto | llamacpp | mlx
     n_ctx: int | None = None  # None: min(trained context, 4096)
     n_threads: int | None = None  # None: physical cores
     n_gpu_layers: int = -1  # -1: every layer when the build can offload
@@ -147,6 +148,8 @@ def load_settings(
 
 
 def _validate(s: Settings) -> None:
+    if s.backend not in ("auto", "llamacpp", "mlx"):
+        raise ConfigError(f"backend must be auto, llamacpp or mlx, got '{s.backend}'")
     if not 0 < s.port < 65536:
         raise ConfigError(f"port must be between 1 and 65535, got {s.port}")
     if s.n_ctx is not None and s.n_ctx < 16:

@@ -93,6 +93,19 @@ class BackendUnavailable(LocalLLMError):
         self.hint = hint
 
 
+class ImportFailed(LocalLLMError):
+    """A GGUF that cannot be imported into another format (an architecture, a tensor type)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "model_import_failed"
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"Cannot import {source}: {reason}")
+        self.source = source
+        self.reason = reason
+
+
 class FimUnsupported(LocalLLMError):
     """`suffix` was given for a model without fill-in-the-middle tokens."""
 

@@ -47,6 +47,7 @@ class ConversationSettings:
     top_p: float | None = None
     max_tokens: int | None = None
     n_ctx: int | None = None
+    backend: str | None = None  # auto | llamacpp | mlx
 
     def to_json(self) -> str:
         return json.dumps({k: getattr(self, k) for k in self.__dataclass_fields__})

@@ -8,10 +8,13 @@ from typing import Any
 import gguf
 
 
-def copy_with_metadata(src: Path, dst: Path, extra: dict[str, Any]) -> Path:
-    """Copy a GGUF, adding or replacing integer/string key-values (weights unchanged)."""
+def copy_with_metadata(
+    src: Path, dst: Path, extra: dict[str, Any], *, arch: str | None = None
+) -> Path:
+    """Copy a GGUF, adding or replacing integer/string key-values (weights unchanged);
+    `arch` replaces general.architecture."""
     reader = gguf.GGUFReader(src, "r")
-    arch = str(reader.fields["general.architecture"].contents())
+    arch = arch or str(reader.fields["general.architecture"].contents())
     writer = gguf.GGUFWriter(dst, arch=arch)
     for name, field in reader.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture" or name in extra:

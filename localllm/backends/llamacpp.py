@@ -18,13 +18,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
-from localllm.backends import chat_template
 from localllm.backends.base import (
     DEFAULT_MAX_CTX,
     Chunk,
     FimTokens,
     FinishReason,
-    GenerationStats,
     LoadOptions,
     Message,
     ModelInfo,
@@ -32,14 +30,20 @@ from localllm.backends.base import (
     SamplingParams,
     default_n_ctx,
 )
+from localllm.backends.common import (
+    batch_bounds,
+    chat_tokens,
+    check_request,
+    final_chunk,
+    reusable_prefix,
+)
 from localllm.backends.textstream import TextAssembler
-from localllm.errors import ContextOverflow, InvalidRequest, LocalLLMError, ModelLoadError
+from localllm.errors import LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
 log = logging.getLogger(__name__)
 _native_log = logging.getLogger("localllm.llama_cpp")
 
-ALIGN = 64  # prompt batches start at multiples of this position (see _decode)
 PENALTY_LAST_N = 64
 # ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
@@ -219,34 +223,21 @@ class LlamaCppModel:
         ll, vocab = self._ll, self._vocab
         bos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_bos(vocab)) or b""
         eos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_eos(vocab)) or b""
-        text = chat_template.render(
+        return chat_tokens(
             self.info.chat_template,
             messages,
-            bos_token=bos_text.decode("utf-8", "replace"),
-            eos_token=eos_text.decode("utf-8", "replace"),
+            bos_text=bos_text.decode("utf-8", "replace"),
+            eos_text=eos_text.decode("utf-8", "replace"),
+            tokenize_special=lambda text: self.tokenize(text, special=True),
+            add_bos=self.info.add_bos,
+            bos_id=self.info.bos_id,
         )
-        tokens = self._tokenize(
-            text.encode("utf-8"), add_special=self.info.add_bos, parse_special=True
-        )
-        bos = self.info.bos_id
-        if len(tokens) >= 2 and tokens[0] == bos and tokens[1] == bos:
-            tokens = tokens[1:]  # the template wrote BOS and the tokenizer added one too
-        return tokens
 
     # -- generation ----------------------------------------------------------------
     def _decode(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
-        """Evaluate tokens after the cached ones; False when cancelled part way.
-
-        Batches start at positions that are multiples of ALIGN and the last token
-        goes alone. A token's KV then never depends on where a reused prefix ended,
-        so a cache hit gives bit for bit the output of a cold run (with one big
-        batch it does not: batched and single-token evaluation round differently).
-        """
+        """Evaluate tokens after the cached ones (see common.ALIGN); False when cancelled."""
         ll = self._ll
-        start = len(self._kv_tokens)
-        cuts = [i for i in range(1, len(tokens) - 1) if (start + i) % ALIGN == 0]
-        bounds = [0, *cuts, len(tokens) - 1, len(tokens)] if len(tokens) > 1 else [0, 1]
-        for lo, hi in itertools.pairwise(bounds):
+        for lo, hi in itertools.pairwise(batch_bounds(len(self._kv_tokens), len(tokens))):
             if lo and should_stop():
                 return False
             part = tokens[lo:hi]
@@ -263,13 +254,9 @@ class LlamaCppModel:
         self._kv_tokens = []
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
-        """Drop the cached tokens past the common prefix (rounded down to ALIGN)."""
+        """Drop the cached tokens past the reusable prefix; return how many stay."""
         cached = self._kv_tokens
-        n = 0
-        limit = min(len(cached), len(prompt) - 1)  # the last prompt token is always evaluated
-        while n < limit and cached[n] == prompt[n]:
-            n += 1
-        n -= n % ALIGN
+        n = reusable_prefix(cached, prompt)
         if n < len(cached):
             if not self._ll.llama_memory_seq_rm(self._mem, 0, n, -1):
                 self._reset_kv()
@@ -316,15 +303,7 @@ class LlamaCppModel:
         *,
         should_stop: Callable[[], bool],
     ) -> Iterator[Chunk]:
-        n_ctx, n_prompt = self.info.n_ctx, len(prompt)
-        if n_prompt == 0:
-            raise InvalidRequest("The prompt is empty (0 tokens).", param="prompt")
-        if n_prompt >= n_ctx:
-            raise ContextOverflow(n_prompt, n_ctx)
-        if params.max_tokens is not None and params.max_tokens < 1:
-            raise InvalidRequest(
-                f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens"
-            )
+        check_request(len(prompt), self.info.n_ctx, params)
         return self._generate(prompt, params, should_stop)
 
     def _generate(
@@ -336,7 +315,7 @@ class LlamaCppModel:
         sampler = self._sampler(params, prompt)
         try:
             if not self._decode(prompt[cached:], should_stop):
-                yield self._final("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
+                yield final_chunk("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
                 return
             limit = n_ctx_left = self.info.n_ctx - len(prompt)
             if params.max_tokens is not None:
@@ -372,30 +351,9 @@ class LlamaCppModel:
                     kv.append(tok)
             tail = "" if text.stopped else text.flush()
             t_end = time.perf_counter()
-            yield self._final(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
+            yield final_chunk(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
         finally:
             ll.llama_sampler_free(sampler)
-
-    @staticmethod
-    def _final(
-        tail: str,
-        finish: FinishReason,
-        n_prompt: int,
-        cached: int,
-        generated: int,
-        t0: float,
-        t_first: float,
-        t_end: float,
-    ) -> Chunk:
-        tps = (generated - 1) / (t_end - t_first) if generated > 1 and t_end > t_first else 0.0
-        stats = GenerationStats(
-            prompt_tokens=n_prompt,
-            cached_tokens=cached,
-            generated_tokens=generated,
-            ttft_s=(t_first - t0) if generated else 0.0,
-            decode_tps=tps,
-        )
-        return Chunk(tail, (), finish_reason=finish, stats=stats)
 
     def close(self) -> None:
         ll = self._ll

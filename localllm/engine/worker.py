@@ -10,6 +10,7 @@ between tokens. A request naming another local model swaps the loaded model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -18,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from localllm.backends import backend_for
+from localllm.backends import Plan, plan, prepare
 from localllm.backends.base import (
     Chunk,
     GenerationStats,
@@ -30,7 +31,13 @@ from localllm.backends.base import (
     SamplingParams,
 )
 from localllm.config import Settings
-from localllm.errors import ContextOverflow, FimUnsupported, LocalLLMError, ModelLoadError
+from localllm.errors import (
+    ContextOverflow,
+    FimUnsupported,
+    ImportFailed,
+    LocalLLMError,
+    ModelLoadError,
+)
 from localllm.models.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -71,6 +78,7 @@ class _Job:
     load_only: bool = False  # load (or swap to) ref, generate nothing
     progress: Callable[[float], None] | None = None
     n_ctx: int | None = None  # with load_only: the context size to load with
+    backend: str | None = None  # with load_only: auto | llamacpp | mlx (None: as before)
 
 
 class ChunkStream:
@@ -207,6 +215,8 @@ class Engine:
         self.last_error: str | None = None
         self._model: LoadedModel | None = None
         self._ref: ModelRef | None = None
+        self._backend = settings.backend  # the preference models load with
+        self._loaded_with: str | None = None  # the preference the current model loaded with
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._outstanding = 0
         self._lock = threading.Lock()
@@ -224,6 +234,11 @@ class Engine:
         return self._ref
 
     @property
+    def backend_preference(self) -> str:
+        """auto | llamacpp | mlx: what the next load uses unless told otherwise."""
+        return self._backend
+
+    @property
     def outstanding(self) -> int:
         return self._outstanding
 
@@ -234,9 +249,10 @@ class Engine:
         *,
         progress: Callable[[float], None] | None = None,
         n_ctx: int | None = None,
+        backend: str | None = None,
     ) -> ModelInfo:
         """Load a model (a reference, or a name to resolve) now, blocking, replacing the current
-        one; n_ctx overrides the setting."""
+        one; n_ctx and backend (auto | llamacpp | mlx) override the settings."""
         ref = (
             model
             if isinstance(model, ModelRef)
@@ -244,7 +260,13 @@ class Engine:
         )
         done: queue.Queue[Any] = queue.Queue()
         job = _Job(
-            Request(SamplingParams()), ref, done.put, load_only=True, progress=progress, n_ctx=n_ctx
+            Request(SamplingParams()),
+            ref,
+            done.put,
+            load_only=True,
+            progress=progress,
+            n_ctx=n_ctx,
+            backend=backend,
         )
         self._enqueue(job)
         item = done.get()
@@ -258,10 +280,14 @@ class Engine:
         ref: ModelRef,
         progress: Callable[[float], None] | None = None,
         n_ctx: int | None = None,
+        backend: str | None = None,
     ) -> LoadedModel:
+        if backend is not None:
+            self._backend = backend
         model = self._model
         same_file = model is not None and self._ref is not None and self._ref.path == ref.path
-        if model is not None and same_file and n_ctx in (None, model.info.n_ctx):
+        same_backend = self._loaded_with == self._backend
+        if model is not None and same_file and same_backend and n_ctx in (None, model.info.n_ctx):
             return model
         if self._model is not None:
             log.info("unloading %s", self._ref.name if self._ref else "?")
@@ -275,17 +301,39 @@ class Engine:
             progress=progress,
         )
         try:
-            model = backend_for(ref).load(ref, options)
+            model, reason = self._load_with_backend(ref, options)
         except LocalLLMError as exc:
             self.state, self.last_error = "error", exc.message
             raise
         except Exception as exc:  # a native library failing in an unexpected way
             self.state, self.last_error = "error", str(exc)
             raise ModelLoadError(str(ref.path), str(exc)) from exc
-        self._model, self._ref = model, ref
+        extra = {**model.info.extra, "backend_reason": reason}
+        model.info = dataclasses.replace(model.info, id=ref.name, extra=extra)
+        self._model, self._ref, self._loaded_with = model, ref, self._backend
         self.state, self.last_error = "ready", None
-        log.info("loaded %s (%s)", ref.name, model.info.device)
+        log.info(
+            "loaded %s on %s (%s): %s", ref.name, model.info.backend, model.info.device, reason
+        )
         return model
+
+    def _load_with_backend(self, ref: ModelRef, options: LoadOptions) -> tuple[LoadedModel, str]:
+        """Plan the backend, import a GGUF for MLX when the plan says so, load; with `auto`,
+        a GGUF whose import fails runs on llama.cpp instead."""
+        models_dir = self.settings.models_dir
+        chosen = plan(ref, self._backend, models_dir)
+        try:
+            backend, target = prepare(ref, chosen, models_dir, options.progress)
+        except ImportFailed as exc:
+            if self._backend != "auto":
+                raise
+            log.warning("MLX import of %s failed, using llama.cpp: %s", ref.name, exc.reason)
+            chosen = Plan("llamacpp", f"auto: the MLX import failed ({exc.reason})")
+            backend, target = prepare(ref, chosen, models_dir)
+        reason = chosen.reason
+        if target != ref:
+            reason += f"; MLX import {target.name}"
+        return backend.load(target, options), reason
 
     # -- submitting ----------------------------------------------------------------
     def _resolve(self, request: Request) -> ModelRef | None:
@@ -362,7 +410,7 @@ class Engine:
         request = job.request
         if job.load_only:
             assert job.ref is not None
-            self._ensure_loaded(job.ref, job.progress, job.n_ctx)
+            self._ensure_loaded(job.ref, job.progress, job.n_ctx, job.backend)
             job.emit(_END)
             return
         ref = job.ref or self._ref or self.store.resolve(self.settings.model)

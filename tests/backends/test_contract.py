@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from localllm.backends.base import Chunk, LoadedModel, Message, ModelRef, SamplingParams
-from localllm.backends.llamacpp import ALIGN
+from localllm.backends.common import ALIGN
 from localllm.errors import ContextOverflow
 from localllm.models.gguf import read_gguf
+from tests.conftest import CONTRACT_CTX
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 NEVER = lambda: False  # noqa: E731
@@ -145,7 +146,7 @@ def test_generation_stops_at_end_of_context(loaded: LoadedModel):
 
 def test_model_info(loaded: LoadedModel, starter_ref: ModelRef):
     info = loaded.info
-    assert info.n_ctx == 2048 and info.n_ctx_train == 8192
+    assert info.n_ctx == CONTRACT_CTX[info.backend] and info.n_ctx_train == 8192
     assert info.eog_ids and 2 in info.eog_ids  # <|im_end|>
     assert info.quant.upper().startswith("Q4_1")
     # the same identity the store reads from the file header, whatever the backend

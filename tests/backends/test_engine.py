@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,13 +121,20 @@ class _Crashy:
 
 def test_error_mid_stream_is_typed_and_worker_survives(engine: Engine,
                                                        monkeypatch: pytest.MonkeyPatch):
-    real_backend_for = worker_mod.backend_for
+    real_prepare = worker_mod.prepare
 
     class Wrap:
-        def load(self, ref: ModelRef, options: object) -> _Crashy:
-            return _Crashy(real_backend_for(ref).load(ref, options))  # type: ignore[arg-type]
+        def __init__(self, real: Any) -> None:
+            self.real = real
 
-    monkeypatch.setattr(worker_mod, "backend_for", lambda ref: Wrap())
+        def load(self, ref: ModelRef, options: object) -> _Crashy:
+            return _Crashy(self.real.load(ref, options))
+
+    def prepare(*args: Any, **kwargs: Any) -> tuple[Wrap, ModelRef]:
+        backend, ref = real_prepare(*args, **kwargs)
+        return Wrap(backend), ref
+
+    monkeypatch.setattr(worker_mod, "prepare", prepare)
     got = []
     with pytest.raises(LocalLLMError, match="internal error: native failure"):
         for c in engine.generate(ask("Hi", max_tokens=5)):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from localllm.backends.llamacpp import ALIGN
+from localllm.backends.common import ALIGN
 from tests.conftest import ServerProcess
 
 

@@ -6,9 +6,11 @@ import threading
 from pathlib import Path
 
 import openai
+import pytest
 from textual import events
 from textual.widgets import DataTable
 
+from localllm.backends import get_backend
 from localllm.history import ConversationSettings, History
 from localllm.models.store import ModelStore
 from localllm.tui.app import ChatApp
@@ -351,3 +353,28 @@ async def test_switching_conversations_while_streaming(make_app, history: Histor
         assert kept[1].stats and kept[1].stats["finish_reason"] == "cancelled"
         await ask(pilot, "And now?")  # the app goes on in the other conversation
         assert history.messages(other.id)[-1].role == "assistant"
+
+
+@pytest.mark.skipif(not get_backend("mlx").available(), reason="the mlx extra is not installed")
+async def test_backend_setting_moves_the_conversation_to_mlx(make_app, history: History):
+    history.create("t", ConversationSettings(temperature=0.0, max_tokens=3))
+    app = make_app()
+    async with app.run_test(size=(110, 44)) as pilot:
+        await ready(pilot)
+        assert "auto:" in app.status.device  # the status bar says why this backend
+        await pilot.press("f4")
+        await wait_for(pilot, lambda: app.screen.query("#backend"), "settings")
+        app.screen.query_one("#backend").value = "metal"  # type: ignore[attr-defined]
+        app.screen.query_one("#save").press()  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: str(app.screen.query_one("#error").render()), "an error")
+        assert "'metal' is not one of auto, llamacpp, mlx" in str(
+            app.screen.query_one("#error").render()
+        )
+        app.screen.query_one("#backend").value = "mlx"  # type: ignore[attr-defined]
+        app.screen.query_one("#save").press()  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: app.conv.settings.backend == "mlx", "saved settings")
+        await ask(pilot, "Hi")
+        assert app.status.device.startswith("mlx ")
+        assert app.status.device.endswith("set to mlx; MLX import starter-mlx")
+        stats = answers(app)[-1].stats
+        assert stats is not None and stats["generated_tokens"] == 3

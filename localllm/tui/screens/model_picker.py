@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Label
 
 from localllm.backends.base import ModelRef, default_n_ctx
 from localllm.errors import LocalLLMError
-from localllm.models.gguf import format_bytes, format_params, read_gguf
+from localllm.models.gguf import format_bytes, format_params, read_meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class ModelRow:
 def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
     """Header facts and the memory a load would need: weights + an f16 KV cache."""
     try:
-        meta = read_gguf(ref.path)
+        meta = read_meta(ref.path, ref.format)
     except LocalLLMError:
         return ModelRow(ref, "?", "unreadable", "?", ref.size_bytes)
     kv = meta.kv_bytes_per_token * (n_ctx or default_n_ctx(meta.n_ctx_train))

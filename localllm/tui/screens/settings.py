@@ -1,4 +1,4 @@
-"""Per-conversation settings: system prompt, sampling, answer length, context size."""
+"""Per-conversation settings: system prompt, sampling, answer length, context size, backend."""
 
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ FIELDS = (
     ("max_tokens", "Max tokens per answer (blank: until the model stops)", int, 1, 1_000_000),
     ("n_ctx", "Context size in tokens (blank: model default)", int, 16, 1_048_576),
 )
+BACKENDS = ("auto", "llamacpp", "mlx")
+BACKEND_LABEL = "Backend: auto, llamacpp or mlx (blank: the app's setting)"
+
+
+def parse_backend(text: str) -> str | None:
+    value = text.strip().lower()
+    if not value:
+        return None
+    if value not in BACKENDS:
+        raise ValueError(f"Backend: '{text.strip()}' is not one of {', '.join(BACKENDS)}")
+    return value
 
 
 def parse_field(name: str, text: str) -> float | int | None:
@@ -50,6 +61,8 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
                 value = getattr(self.current, name)
                 yield Label(label)
                 yield Input("" if value is None else str(value), id=name)
+            yield Label(BACKEND_LABEL)
+            yield Input(self.current.backend or "", id="backend")
             yield Label("", id="error", classes="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -64,10 +77,11 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
             self.dismiss(None)
             return
         try:
-            values = {
+            values: dict[str, float | int | str | None] = {
                 name: parse_field(name, self.query_one(f"#{name}", Input).value)
                 for name, *_ in FIELDS
             }
+            values["backend"] = parse_backend(self.query_one("#backend", Input).value)
         except ValueError as exc:
             self.query_one("#error", Label).update(str(exc))
             return

@@ -1,0 +1,88 @@
+"""Pieces every backend's generation loop shares: request checks, prompt batching
+that keeps cache hits exact, chat rendering to tokens, and the final chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from localllm.backends import chat_template
+from localllm.backends.base import Chunk, FinishReason, GenerationStats, Message, SamplingParams
+from localllm.errors import ContextOverflow, InvalidRequest
+
+# Prompt batches start at multiples of ALIGN positions and the last prompt token is
+# evaluated alone; reused prefixes are cut to a multiple of ALIGN. A token's KV then
+# never depends on where a reused prefix ended, so a cache hit gives bit for bit the
+# output of a cold run (batched and one-token evaluation round differently).
+ALIGN = 64
+
+
+def check_request(n_prompt: int, n_ctx: int, params: SamplingParams) -> None:
+    """Raise before any compute when a request cannot run."""
+    if n_prompt == 0:
+        raise InvalidRequest("The prompt is empty (0 tokens).", param="prompt")
+    if n_prompt >= n_ctx:
+        raise ContextOverflow(n_prompt, n_ctx)
+    if params.max_tokens is not None and params.max_tokens < 1:
+        raise InvalidRequest(
+            f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens"
+        )
+
+
+def reusable_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
+    """How many cached tokens a prompt can keep: the common prefix, cut to ALIGN.
+
+    The last prompt token is always evaluated (its logits pick the first answer token).
+    """
+    n, limit = 0, min(len(cached), len(prompt) - 1)
+    while n < limit and cached[n] == prompt[n]:
+        n += 1
+    return n - n % ALIGN
+
+
+def batch_bounds(start: int, n_tokens: int) -> list[int]:
+    """Cut points for evaluating `n_tokens` prompt tokens that follow `start` cached ones."""
+    if n_tokens <= 1:
+        return [0, n_tokens]
+    cuts = [i for i in range(1, n_tokens - 1) if (start + i) % ALIGN == 0]
+    return [0, *cuts, n_tokens - 1, n_tokens]
+
+
+def chat_tokens(
+    template: str | None,
+    messages: Sequence[Message],
+    *,
+    bos_text: str,
+    eos_text: str,
+    tokenize_special: Callable[[str], list[int]],
+    add_bos: bool,
+    bos_id: int | None,
+) -> list[int]:
+    """Render the chat template and tokenize it, with BOS exactly once when the model wants it."""
+    text = chat_template.render(template, messages, bos_token=bos_text, eos_token=eos_text)
+    tokens = tokenize_special(text)
+    if add_bos and bos_id is not None and (not tokens or tokens[0] != bos_id):
+        tokens = [bos_id, *tokens]
+    return tokens
+
+
+def final_chunk(
+    tail: str,
+    finish: FinishReason,
+    n_prompt: int,
+    cached: int,
+    generated: int,
+    t0: float,
+    t_first: float,
+    t_end: float,
+) -> Chunk:
+    """The chunk that ends every stream: the last text, the finish reason and the stats."""
+    tps = (generated - 1) / (t_end - t_first) if generated > 1 and t_end > t_first else 0.0
+    stats = GenerationStats(
+        prompt_tokens=n_prompt,
+        cached_tokens=cached,
+        generated_tokens=generated,
+        ttft_s=(t_first - t0) if generated else 0.0,
+        decode_tps=tps,
+    )
+    return Chunk(tail, (), finish_reason=finish, stats=stats)

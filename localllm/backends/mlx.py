@@ -1,0 +1,416 @@
+"""The MLX backend, over mlx-lm's model code and a `tokenizers` tokenizer.
+
+One KV cache per loaded model, one sequence, kept between requests: a prompt
+that extends the cached tokens is prefilled only past the shared prefix (cut
+as `common.ALIGN` says, so hits are exact). The decode loop queues the next
+step on MLX before handing the current token out, so the device works while
+the caller does. On a CPU-only MLX build the model computes in float32 (MLX's
+float16 arithmetic on the CPU is many times slower); on Metal it stays as stored.
+
+`mlx`, `mlx_lm` and `tokenizers` are imported only here, when a model loads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from localllm.backends.base import (
+    Chunk,
+    FimTokens,
+    FinishReason,
+    LoadOptions,
+    Message,
+    ModelInfo,
+    ModelRef,
+    SamplingParams,
+    default_n_ctx,
+)
+from localllm.backends.common import (
+    batch_bounds,
+    chat_tokens,
+    check_request,
+    final_chunk,
+    reusable_prefix,
+)
+from localllm.backends.textstream import TextAssembler
+from localllm.errors import LocalLLMError, ModelLoadError
+from localllm.models.gguf import fim_ids_from_tokens, vocab_fingerprint
+
+log = logging.getLogger(__name__)
+
+PENALTY_LAST_N = 64  # as on llama.cpp
+_NEEDS = ("mlx", "mlx_lm", "tokenizers")
+# Names that end a turn in common chat formats; added tokens with these names stop
+# generation like the configured end-of-sequence ids (llama.cpp does the same).
+_EOG_NAMES = (
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|end_of_text|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|return|>",
+    "</s>",
+    # a repository marker starts a new file in code models; llama.cpp ends there too
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<reponame>",
+)
+
+
+def mlx_device() -> str:
+    """Where MLX computes: 'metal' (Apple GPU) or 'cpu'."""
+    import mlx.core as mx
+
+    return "metal" if mx.default_device() == mx.gpu else "cpu"
+
+
+def _gpt2_byte_decoder() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-printable-character table used by byte-level BPE."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("\u00a1"), ord("\u00ac") + 1),
+        *range(ord("\u00ae"), ord("\u00ff") + 1),
+    ]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+class MlxBackend:
+    name: ClassVar[str] = "mlx"
+
+    def available(self) -> bool:
+        try:
+            return all(importlib.util.find_spec(m) is not None for m in _NEEDS)
+        except (ImportError, ValueError):  # a broken or half-removed install
+            return False
+
+    def can_load(self, ref: ModelRef) -> bool:
+        return ref.format == "mlx"
+
+    def load(self, ref: ModelRef, options: LoadOptions) -> MlxModel:
+        return MlxModel(ref, options)
+
+
+class MlxModel:
+    """An MLX model directory and its KV cache. Not thread-safe: one worker uses it."""
+
+    def __init__(self, ref: ModelRef, options: LoadOptions) -> None:
+        import mlx.core as mx
+        from mlx.utils import tree_map
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.utils import load_model
+        from tokenizers import Tokenizer
+
+        self._mx = mx
+        folder = Path(ref.path)
+        report = options.progress or (lambda _f: None)
+        report(0.05)
+        try:
+            model, config = load_model(folder)
+            tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception as exc:  # mlx-lm raises many kinds for a bad folder
+            raise ModelLoadError(str(folder), f"mlx-lm could not load it ({exc})") from None
+        report(0.8)
+        self._device = mlx_device()
+        if self._device == "cpu":
+            model.update(
+                tree_map(
+                    lambda a: a.astype(mx.float32) if a.dtype in (mx.float16, mx.bfloat16) else a,
+                    model.parameters(),
+                )
+            )
+            mx.eval(model.parameters())
+        self._model: Any = model
+        self._tok = tokenizer
+        self._make_cache = lambda: make_prompt_cache(model)
+        self._cache: list[Any] = self._make_cache()
+        self._kv_tokens: list[int] = []
+        self._tok_config = _read_json(folder / "tokenizer_config.json")
+        self._pieces = self._piece_table(folder)
+        self.info = self._describe(ref, folder, config, options)
+        report(1.0)
+
+    # -- metadata ------------------------------------------------------------------
+    def _describe(
+        self, ref: ModelRef, folder: Path, config: dict[str, Any], options: LoadOptions
+    ) -> ModelInfo:
+        tok, tc = self._tok, self._tok_config
+        size = tok.get_vocab_size(with_added_tokens=True)
+        texts = [tok.id_to_token(i) or "" for i in range(size)]
+        specials = {a.content for a in tok.get_added_tokens_decoder().values() if a.special}
+        eos = config.get("eos_token_id")
+        eog = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        gen = _read_json(folder / "generation_config.json").get("eos_token_id")
+        eog |= set(gen if isinstance(gen, list) else [gen] if gen is not None else [])
+        eog |= {i for i, t in enumerate(texts) if t in _EOG_NAMES and t in specials}
+        eos_id = tok.token_to_id(_token_text(tc.get("eos_token")) or "\x00")
+        if eos_id is not None:
+            eog.add(int(eos_id))
+        bos_text = _token_text(tc.get("bos_token"))
+        bos_id = tok.token_to_id(bos_text) if bos_text else config.get("bos_token_id")
+        add_bos = bool(tc.get("add_bos_token", False)) or self._post_processor_adds(bos_id)
+        template = tc.get("chat_template")
+        if not template and (folder / "chat_template.jinja").is_file():
+            template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
+        if isinstance(template, list):  # several named templates: take the default one
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        provenance = _read_json(folder / "localllm.json").get("source", {})
+        n_ctx_train = int(config.get("max_position_embeddings") or 0)
+        fim = fim_ids_from_tokens(texts)
+        extra = {"description": f"{config.get('model_type', '?')} (mlx-lm)"}
+        if provenance:
+            extra["imported_from"] = str(provenance.get("identity", {}).get("path", ""))
+        return ModelInfo(
+            id=ref.name,
+            format="mlx",
+            backend="mlx",
+            device=self._device,
+            n_ctx=options.n_ctx or default_n_ctx(n_ctx_train),
+            n_ctx_train=n_ctx_train,
+            chat_template=template if isinstance(template, str) else None,
+            eog_ids=frozenset(int(i) for i in eog),
+            bos_id=int(bos_id) if bos_id is not None else None,
+            add_bos=add_bos,
+            quant=str(provenance.get("quant") or _quant_label(config)),
+            vocab_fingerprint=vocab_fingerprint(texts),
+            fim=FimTokens(*fim) if fim else None,
+            extra=extra,
+        )
+
+    def _post_processor_adds(self, bos_id: int | None) -> bool:
+        """True when the tokenizer's own post-processor puts BOS in front (Llama 3 style)."""
+        if bos_id is None:
+            return False
+        with_special = self._tok.encode("a", add_special_tokens=True).ids
+        return bool(with_special) and with_special[0] == bos_id
+
+    def _piece_table(self, folder: Path) -> list[bytes]:
+        """The bytes of every token as generated text (control tokens give no bytes)."""
+        tok = self._tok
+        size = tok.get_vocab_size(with_added_tokens=True)
+        added = tok.get_added_tokens_decoder()
+        raw = _read_json(folder / "tokenizer.json")
+        decoder = json.dumps(raw.get("decoder") or {})
+        pieces: list[bytes] = []
+        if '"ByteLevel"' in decoder:
+            table = _gpt2_byte_decoder()
+            for i in range(size):
+                text = tok.id_to_token(i) or ""
+                if i in added:
+                    pieces.append(b"" if added[i].special else text.encode("utf-8"))
+                else:
+                    pieces.append(bytes(table.get(ch, 32) for ch in text))
+            return pieces
+        for i in range(size):  # SentencePiece style: "\u2581" is a space, <0xNN> a byte
+            text = tok.id_to_token(i) or ""
+            if i in added:
+                pieces.append(b"" if added[i].special else text.encode("utf-8"))
+            elif len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+                pieces.append(bytes([int(text[3:5], 16)]))
+            else:
+                pieces.append(text.replace("\u2581", " ").encode("utf-8"))
+        return pieces
+
+    # -- text ----------------------------------------------------------------------
+    def tokenize(self, text: str, *, special: bool = False) -> list[int]:
+        """Token ids for `text`, without BOS; `special` parses control tokens like <|im_end|>."""
+        self._tok.encode_special_tokens = not special
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Text for tokens, control tokens included: the inverse of tokenize(special=True)."""
+        added = self._tok.get_added_tokens_decoder()
+        data = b"".join(
+            added[t].content.encode("utf-8") if t in added else self._pieces[t] for t in tokens
+        )
+        return data.decode("utf-8", "replace")
+
+    def render_chat(self, messages: Sequence[Message]) -> list[int]:
+        info = self.info
+        return chat_tokens(
+            info.chat_template,
+            messages,
+            bos_text=_token_text(self._tok_config.get("bos_token")) or "",
+            eos_text=_token_text(self._tok_config.get("eos_token")) or "",
+            tokenize_special=lambda text: self.tokenize(text, special=True),
+            add_bos=info.add_bos,
+            bos_id=info.bos_id,
+        )
+
+    # -- generation ----------------------------------------------------------------
+    def _reset_kv(self) -> None:
+        self._cache = self._make_cache()
+        self._kv_tokens = []
+
+    def _reuse_prefix(self, prompt: Sequence[int]) -> int:
+        """Drop the cached tokens past the reusable prefix; return how many stay."""
+        n = reusable_prefix(self._kv_tokens, prompt)
+        extra = len(self._kv_tokens) - n
+        if extra:
+            if not all(c.is_trimmable() for c in self._cache):
+                self._reset_kv()
+                return 0
+            for c in self._cache:
+                c.trim(extra)
+            del self._kv_tokens[n:]
+        return n
+
+    def _prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
+        """Evaluate all but the last prompt token in aligned batches; False when cancelled."""
+        mx = self._mx
+        bounds = batch_bounds(len(self._kv_tokens), len(tokens) + 1)[:-1]
+        for lo, hi in itertools.pairwise(bounds):
+            if lo and should_stop():
+                return False
+            self._model(mx.array(tokens[lo:hi])[None], cache=self._cache)
+            mx.eval([c.state for c in self._cache])
+            self._kv_tokens.extend(tokens[lo:hi])
+        return True
+
+    def _sampler(self, params: SamplingParams, prompt: Sequence[int]) -> Callable[[Any], Any]:
+        """A function from the last logits (1 x vocab) to the next token (lazy, shape (1,))."""
+        mx = self._mx
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        processors = []
+        if params.repeat_penalty != 1.0:
+            processors = make_logits_processors(
+                repetition_penalty=params.repeat_penalty, repetition_context_size=PENALTY_LAST_N
+            )
+        history = [mx.array(list(prompt[-PENALTY_LAST_N:]))]
+        if params.temperature <= 0:
+            pick = None
+        else:
+            seed = params.seed if params.seed is not None else random.getrandbits(32)
+            mx.random.seed(seed & 0xFFFFFFFF)
+            pick = make_sampler(
+                temp=params.temperature,
+                top_p=params.top_p if params.top_p < 1.0 else 0.0,
+                min_p=params.min_p,
+                top_k=max(params.top_k, 0),
+            )
+
+        def sample(logits: Any) -> Any:
+            for proc in processors:
+                logits = proc(history[0], logits)
+            if pick is None:
+                token = mx.argmax(logits, axis=-1)
+            else:
+                token = pick(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
+            if processors:
+                history[0] = mx.concatenate([history[0], token])[-PENALTY_LAST_N:]
+            return token
+
+        return sample
+
+    def stream(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        *,
+        should_stop: Callable[[], bool],
+    ) -> Iterator[Chunk]:
+        check_request(len(prompt), self.info.n_ctx, params)
+        return self._generate(list(prompt), params, should_stop)
+
+    def _generate(
+        self, prompt: list[int], params: SamplingParams, should_stop: Callable[[], bool]
+    ) -> Iterator[Chunk]:
+        mx, model = self._mx, self._model
+        t0 = time.perf_counter()
+        cached = self._reuse_prefix(prompt)
+        try:
+            if not self._prefill(prompt[cached:-1], should_stop):
+                yield final_chunk("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
+                return
+        except Exception as exc:
+            self._reset_kv()
+            raise LocalLLMError(f"MLX failed while reading the prompt: {exc}") from exc
+        sample = self._sampler(params, prompt)
+        cache, kv = self._cache, self._kv_tokens
+
+        def step(tokens: Any) -> Any:
+            logits = model(tokens[None], cache=cache)[:, -1, :]
+            return sample(logits)
+
+        limit = n_ctx_left = self.info.n_ctx - len(prompt)
+        if params.max_tokens is not None:
+            limit = min(params.max_tokens, n_ctx_left)
+        text = TextAssembler(params.stop)
+        eog, pieces = self.info.eog_ids, self._pieces
+        generated, t_first = 0, t0
+        finish: FinishReason = "length"
+        y = step(mx.array(prompt[-1:]))
+        kv.append(prompt[-1])
+        mx.async_eval(y)
+        while generated < limit:
+            if should_stop():
+                finish = "cancelled"
+                break
+            tok = int(y.item())
+            if tok in eog:
+                finish = "stop"
+                break
+            generated += 1
+            if generated < limit:
+                # Queue the next step before the token goes out: MLX computes it while
+                # the caller handles this one.
+                y = step(y)
+                kv.append(tok)
+                mx.async_eval(y)
+            if generated == 1:
+                t_first = time.perf_counter()
+            piece = text.push(pieces[tok] if tok < len(pieces) else b"")
+            yield Chunk(piece, (tok,))
+            if text.stopped:
+                finish = "stop"
+                break
+        tail = "" if text.stopped else text.flush()
+        t_end = time.perf_counter()
+        yield final_chunk(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
+
+    def close(self) -> None:
+        self._cache = []
+        self._kv_tokens = []
+        self._model = None
+        with contextlib.suppress(AttributeError):  # older MLX has no clear_cache
+            self._mx.clear_cache()
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json names tokens as strings or as {"content": ...} objects."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _quant_label(config: dict[str, Any]) -> str:
+    q = config.get("quantization") or config.get("quantization_config")
+    if isinstance(q, dict) and q.get("bits"):
+        return f"mlx-{q['bits']}bit (group {q.get('group_size', '?')})"
+    return str(config.get("torch_dtype") or config.get("dtype") or "float16").upper()

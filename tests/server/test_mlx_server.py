@@ -1,0 +1,60 @@
+"""The endpoint on the MLX backend: `localllm serve --backend mlx` through the `openai` client."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from localllm.backends.common import ALIGN
+from tests.conftest import ServerProcess
+
+pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
+
+ASK = [{"role": "system", "content": "You answer questions about nature briefly. " * 8},
+       {"role": "user", "content": "What color is the sky?"}]
+
+
+@pytest.fixture(scope="module")
+def mlx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The starter model served on MLX: the GGUF is imported into the server's store first."""
+    srv = ServerProcess(tmp_path_factory.mktemp("mlx-server"), "--backend", "mlx", "--ctx", "512")
+    yield srv
+    srv.stop()
+
+
+def test_chat_on_mlx(mlx_server: ServerProcess):
+    client = openai.OpenAI(base_url=mlx_server.base + "/v1", api_key="unused", max_retries=0)
+    assert "starter" in [m.id for m in client.models.list()]
+    full = client.chat.completions.create(model="starter", messages=ASK, max_tokens=8,
+                                          temperature=0)
+    text = full.choices[0].message.content
+    assert text and "sky" in text.lower()
+    assert full.usage.completion_tokens == 8 and full.choices[0].finish_reason == "length"
+    parts, usage = [], None
+    for ev in client.chat.completions.create(model="starter", messages=ASK, max_tokens=8,
+                                             temperature=0, stream=True,
+                                             stream_options={"include_usage": True}):
+        usage = ev.usage or usage
+        parts.extend(ch.delta.content or "" for ch in ev.choices)
+    assert "".join(parts) == text  # streamed and whole answers agree
+    assert usage is not None and usage.prompt_tokens == full.usage.prompt_tokens
+    assert usage.prompt_tokens > ALIGN
+    # the same prompt again: read from the KV cache up to its last whole block
+    assert usage.prompt_tokens_details.cached_tokens == (usage.prompt_tokens - 1) // ALIGN * ALIGN
+    health = mlx_server.health()
+    assert health["status"] == "ok"
+    imported = Path(mlx_server.log.parent, "data", "models", "starter-mlx")
+    assert (imported / "localllm.json").is_file()  # imported once, into the store
+
+
+def test_errors_keep_the_openai_shape_on_mlx(mlx_server: ServerProcess):
+    client = openai.OpenAI(base_url=mlx_server.base + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="starter", messages=[{"role": "user", "content": "word " * 600}], max_tokens=4
+        )
+    assert err.value.code == "context_length_exceeded"
+    assert "512" in err.value.message
