@@ -137,6 +137,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stats", action="store_true", help="print speed figures to stderr")
 
     sub.add_parser("list", parents=[common], help="list local models")
+    ps = sub.add_parser(
+        "ps", parents=[common], help="what the running server has loaded, and its prompt cache"
+    )
+    ps.add_argument("--host", help="the server's address (default: 127.0.0.1)")
+    ps.add_argument("--port", type=_port, help=f"the server's port (default: {DEFAULT_PORT})")
     info = sub.add_parser(
         "info", parents=[common], help="describe a model (reads its header, not its weights)"
     )
@@ -197,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "list": cmd_list,
         "info": cmd_info,
         "convert": cmd_convert,
+        "ps": cmd_ps,
     }
     try:
         return handlers[command](settings, args)
@@ -272,6 +278,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
             f"{format_bytes(kv_per_token)} per token ({kv_type}), "
             f"{format_bytes(kv_per_token * n_ctx)} at {n_ctx} tokens",
         ),
+        ("prompt cache", _cache_capacity(settings, kv_per_token)),
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
     ]
@@ -287,6 +294,61 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         fields.append(("device", device))
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
+        print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def _cache_capacity(settings: Settings, kv_per_token: int) -> str:
+    """How much conversation the prompt cache's RAM budget holds for this model."""
+    from localllm.engine.prompt_cache import default_ram_budget
+    from localllm.models.gguf import format_bytes
+
+    ram = settings.prompt_cache_ram_mb
+    budget = ram * 1024 * 1024 if ram is not None else default_ram_budget()
+    tokens = budget // kv_per_token if kv_per_token else 0
+    disk = settings.prompt_cache_disk_mb
+    where = f", and {format_bytes(disk * 1024 * 1024)} on disk" if disk else ", no disk tier"
+    return f"{format_bytes(budget)} RAM holds about {tokens:,} tokens of saved KV{where}"
+
+
+def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from localllm.models.gguf import format_bytes
+
+    url = settings.base_url().removesuffix("/v1") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            health = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # 503 while loading still has a body
+        health = json.loads(exc.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        sys.stderr.write(f"localllm: error: no localllm server answers at {url} ({reason})\n")
+        return 1
+    cache = health.get("prompt_cache") or {}
+    totals = health.get("totals") or {}
+    rows = [
+        ("model", f"{health.get('model') or '-'} ({health.get('status', '?')})"),
+        ("requests", f"{totals.get('requests', 0)} ({health.get('queued', 0)} queued now)"),
+        (
+            "prompt cache",
+            f"{cache.get('ram_entries', 0)} in RAM, {format_bytes(int(cache.get('ram_bytes', 0)))}"
+            f" of {format_bytes(int(cache.get('ram_budget_bytes', 0)))}; "
+            f"{cache.get('disk_entries', 0)} on disk, "
+            f"{format_bytes(int(cache.get('disk_bytes', 0)))}",
+        ),
+        (
+            "cache hits",
+            f"{cache.get('hits', 0)} of {cache.get('requests', 0)} requests "
+            f"({float(cache.get('hit_rate', 0.0)):.0%}); {cache.get('restored', 0)} states "
+            f"restored, {cache.get('evicted', 0)} evicted",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
         print(f"{key.ljust(width)}  {value}")
     return 0
 

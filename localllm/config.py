@@ -54,6 +54,9 @@ class Settings:
     max_queue: int = 16  # requests waiting or running before 503
     max_body_bytes: int = 8 * 1024 * 1024
     stream_interval_ms: int = 20  # streamed text is framed at most this often (first at once)
+    prompt_cache_ram_mb: int | None = None  # None: a quarter of available memory, <= 8 GiB
+    prompt_cache_disk_mb: int = 2048  # 0 turns the disk tier off
+    context_policy: str = "error"  # API prompts over the context: error | truncate-oldest
     log_level: str = "warning"
     data_dir: Path = field(default_factory=_data_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
@@ -148,6 +151,14 @@ def load_settings(
 
 
 def _validate(s: Settings) -> None:
+    if s.context_policy not in ("error", "truncate-oldest"):
+        raise ConfigError(
+            f"context_policy must be error or truncate-oldest, got '{s.context_policy}'"
+        )
+    if s.prompt_cache_ram_mb is not None and s.prompt_cache_ram_mb < 0:
+        raise ConfigError(f"prompt_cache_ram_mb must be 0 or more, got {s.prompt_cache_ram_mb}")
+    if s.prompt_cache_disk_mb < 0:
+        raise ConfigError(f"prompt_cache_disk_mb must be 0 or more, got {s.prompt_cache_disk_mb}")
     if s.backend not in ("auto", "llamacpp", "mlx"):
         raise ConfigError(f"backend must be auto, llamacpp or mlx, got '{s.backend}'")
     if not 0 < s.port < 65536:

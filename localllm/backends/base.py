@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import ClassVar, Literal, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 Role = Literal["system", "user", "assistant"]
 DEFAULT_MAX_CTX = 4096  # the context a model gets unless told otherwise, if it was trained longer
@@ -113,6 +113,19 @@ class LoadOptions:
     progress: Callable[[float], None] | None = None  # 0.0 .. 1.0 while loading
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class KVSnapshot:
+    """The KV cache of a token prefix, saved from a loaded model.
+
+    `tokens` is always a whole number of common.ALIGN blocks, each evaluated the way a
+    cold run evaluates it, so restoring it gives exactly a cold run's output.
+    """
+
+    tokens: tuple[int, ...]
+    nbytes: int
+    payload: Any  # backend-specific: bytes (llama.cpp), arrays (MLX)
+
+
 class LoadedModel(Protocol):
     info: ModelInfo
 
@@ -129,6 +142,27 @@ class LoadedModel(Protocol):
         *,
         should_stop: Callable[[], bool],
     ) -> Iterator[Chunk]: ...
+
+    # -- KV cache states (the engine's prompt cache) ------------------------------------
+    def kv_prefix(self) -> list[int]:
+        """The tokens at the start of the live KV cache that a later prompt may reuse."""
+        ...
+
+    def save_kv(self) -> KVSnapshot:
+        """Snapshot the reusable prefix of the live KV cache (dropping the rest)."""
+        ...
+
+    def load_kv(self, snapshot: KVSnapshot) -> bool:
+        """Make a snapshot the live KV cache; False (and an empty cache) when it does not fit."""
+        ...
+
+    def dump_kv(self, snapshot: KVSnapshot) -> bytes:
+        """A snapshot's payload as bytes, for the disk tier."""
+        ...
+
+    def undump_kv(self, tokens: Sequence[int], data: bytes) -> KVSnapshot:
+        """The inverse of dump_kv; ValueError when the data cannot be this model's state."""
+        ...
 
     def close(self) -> None: ...
 

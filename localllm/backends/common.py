@@ -40,6 +40,14 @@ def reusable_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
     return n - n % ALIGN
 
 
+def extends_canonical(canonical: int, start: int, lo: int, hi: int) -> int:
+    """The new length of the exactly-reusable KV prefix after evaluating the batch
+    [start+lo, start+hi): it grows only by whole aligned blocks that follow it."""
+    if start + lo == canonical and canonical % ALIGN == 0 and hi - lo == ALIGN:
+        return canonical + ALIGN
+    return canonical
+
+
 def batch_bounds(start: int, n_tokens: int) -> list[int]:
     """Cut points for evaluating `n_tokens` prompt tokens that follow `start` cached ones."""
     if n_tokens <= 1:

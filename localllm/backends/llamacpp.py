@@ -23,6 +23,7 @@ from localllm.backends.base import (
     Chunk,
     FimTokens,
     FinishReason,
+    KVSnapshot,
     LoadOptions,
     Message,
     ModelInfo,
@@ -34,6 +35,7 @@ from localllm.backends.common import (
     batch_bounds,
     chat_tokens,
     check_request,
+    extends_canonical,
     final_chunk,
     reusable_prefix,
 )
@@ -134,6 +136,7 @@ class LlamaCppModel:
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
         self._kv_tokens: list[int] = []
+        self._canonical = 0  # leading KV positions evaluated as a cold run would (see common)
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (ll.llama_token * 1)()
@@ -237,7 +240,8 @@ class LlamaCppModel:
     def _decode(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
         """Evaluate tokens after the cached ones (see common.ALIGN); False when cancelled."""
         ll = self._ll
-        for lo, hi in itertools.pairwise(batch_bounds(len(self._kv_tokens), len(tokens))):
+        start = len(self._kv_tokens)
+        for lo, hi in itertools.pairwise(batch_bounds(start, len(tokens))):
             if lo and should_stop():
                 return False
             part = tokens[lo:hi]
@@ -247,22 +251,59 @@ class LlamaCppModel:
                 self._reset_kv()
                 raise LocalLLMError(f"llama_decode failed with code {rc} at prompt token {lo}")
             self._kv_tokens.extend(part)
+            self._canonical = extends_canonical(self._canonical, start, lo, hi)
         return True
 
     def _reset_kv(self) -> None:
         self._ll.llama_memory_clear(self._mem, True)
         self._kv_tokens = []
+        self._canonical = 0
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Drop the cached tokens past the reusable prefix; return how many stay."""
-        cached = self._kv_tokens
-        n = reusable_prefix(cached, prompt)
-        if n < len(cached):
+        n = reusable_prefix(self._kv_tokens[: self._canonical], prompt)
+        return n if self._truncate(n) else 0
+
+    def _truncate(self, n: int) -> bool:
+        """Keep the first n KV positions; False (and an empty cache) if llama.cpp cannot."""
+        if n < len(self._kv_tokens):
             if not self._ll.llama_memory_seq_rm(self._mem, 0, n, -1):
                 self._reset_kv()
-                return 0
-            del cached[n:]
-        return n
+                return n == 0
+            del self._kv_tokens[n:]
+            self._canonical = min(self._canonical, n)
+        return True
+
+    # -- KV states -------------------------------------------------------------------
+    def kv_prefix(self) -> list[int]:
+        return self._kv_tokens[: self._canonical]
+
+    def save_kv(self) -> KVSnapshot:
+        ll = self._ll
+        self._truncate(self._canonical)
+        size = int(ll.llama_state_seq_get_size(self._ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        n = int(ll.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        data = ctypes.string_at(buf, n)
+        return KVSnapshot(tuple(self._kv_tokens), len(data), data)
+
+    def load_kv(self, snapshot: KVSnapshot) -> bool:
+        ll = self._ll
+        self._reset_kv()
+        data: bytes = snapshot.payload
+        buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if not ll.llama_state_seq_set_data(self._ctx, buf, len(data), 0):
+            self._reset_kv()
+            return False
+        self._kv_tokens = list(snapshot.tokens)
+        self._canonical = len(self._kv_tokens)
+        return True
+
+    def dump_kv(self, snapshot: KVSnapshot) -> bytes:
+        return bytes(snapshot.payload)
+
+    def undump_kv(self, tokens: Sequence[int], data: bytes) -> KVSnapshot:
+        return KVSnapshot(tuple(tokens), len(data), data)
 
     def _sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
         ll = self._ll

@@ -18,6 +18,7 @@ import itertools
 import json
 import logging
 import random
+import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from localllm.backends.base import (
     Chunk,
     FimTokens,
     FinishReason,
+    KVSnapshot,
     LoadOptions,
     Message,
     ModelInfo,
@@ -38,6 +40,7 @@ from localllm.backends.common import (
     batch_bounds,
     chat_tokens,
     check_request,
+    extends_canonical,
     final_chunk,
     reusable_prefix,
 )
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 PENALTY_LAST_N = 64  # as on llama.cpp
 _NEEDS = ("mlx", "mlx_lm", "tokenizers")
+_RAW = {2: "uint16", 4: "uint32"}  # an unsigned type of each float width, to move raw bits
 # Names that end a turn in common chat formats; added tokens with these names stop
 # generation like the configured end-of-sequence ids (llama.cpp does the same).
 _EOG_NAMES = (
@@ -141,6 +145,7 @@ class MlxModel:
         self._make_cache = lambda: make_prompt_cache(model)
         self._cache: list[Any] = self._make_cache()
         self._kv_tokens: list[int] = []
+        self._canonical = 0  # leading KV positions evaluated as a cold run would (see common)
         self._tok_config = _read_json(folder / "tokenizer_config.json")
         self._pieces = self._piece_table(folder)
         self.info = self._describe(ref, folder, config, options)
@@ -258,30 +263,115 @@ class MlxModel:
     def _reset_kv(self) -> None:
         self._cache = self._make_cache()
         self._kv_tokens = []
+        self._canonical = 0
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Drop the cached tokens past the reusable prefix; return how many stay."""
-        n = reusable_prefix(self._kv_tokens, prompt)
+        n = reusable_prefix(self._kv_tokens[: self._canonical], prompt)
+        return n if self._truncate(n) else 0
+
+    def _truncate(self, n: int) -> bool:
         extra = len(self._kv_tokens) - n
-        if extra:
+        if extra > 0:
             if not all(c.is_trimmable() for c in self._cache):
                 self._reset_kv()
-                return 0
+                return n == 0
             for c in self._cache:
                 c.trim(extra)
             del self._kv_tokens[n:]
-        return n
+            self._canonical = min(self._canonical, n)
+        return True
+
+    # -- KV states -------------------------------------------------------------------
+    def kv_prefix(self) -> list[int]:
+        return self._kv_tokens[: self._canonical]
+
+    def save_kv(self) -> KVSnapshot:
+        mx = self._mx
+        if not self._truncate(self._canonical) or not self._kv_tokens:
+            return KVSnapshot((), 0, [])
+        n = len(self._kv_tokens)
+        layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in self._cache]
+        mx.eval(layers)  # arrays never change once computed: later decoding cannot alter these
+        nbytes = sum(k.nbytes + v.nbytes for k, v in layers)
+        return KVSnapshot(tuple(self._kv_tokens), nbytes, layers)
+
+    def load_kv(self, snapshot: KVSnapshot) -> bool:
+        self._reset_kv()
+        layers = snapshot.payload
+        if len(layers) != len(self._cache) or not snapshot.tokens:
+            return False
+        n = len(snapshot.tokens)
+        for c, (k, v) in zip(self._cache, layers, strict=True):
+            if not hasattr(c, "offset") or k.shape[2] != n:
+                self._reset_kv()
+                return False
+            c.keys, c.values, c.offset = k, v, n
+        self._kv_tokens = list(snapshot.tokens)
+        self._canonical = n
+        return True
+
+    def dump_kv(self, snapshot: KVSnapshot) -> bytes:
+        import numpy as np
+
+        layers = snapshot.payload
+        if not layers:
+            return b""
+        k0 = layers[0][0]
+        _, heads, n, dim = k0.shape
+        raw = _RAW[k0.itemsize]
+        head = struct.pack(
+            "<4s16sIIII", b"LLKV", str(k0.dtype).encode(), len(layers), heads, n, dim
+        )
+        parts = [head]
+        for k, v in layers:
+            parts.append(np.asarray(k.view(getattr(self._mx, raw))).tobytes())
+            parts.append(np.asarray(v.view(getattr(self._mx, raw))).tobytes())
+        return b"".join(parts)
+
+    def undump_kv(self, tokens: Sequence[int], data: bytes) -> KVSnapshot:
+        import numpy as np
+
+        mx = self._mx
+        size = struct.calcsize("<4s16sIIII")
+        try:
+            magic, dtype_name, n_layers, heads, n, dim = struct.unpack_from("<4s16sIIII", data)
+        except struct.error:
+            raise ValueError("too short for a KV state") from None
+        dtype = getattr(mx, dtype_name.rstrip(b"\0").decode().removeprefix("mlx.core."), None)
+        if magic != b"LLKV" or dtype is None or n != len(tokens):
+            raise ValueError("not a KV state of these tokens")
+        if n_layers != len(self._cache):
+            raise ValueError(f"{n_layers} layers, the model has {len(self._cache)}")
+        itemsize = dtype.size
+        per = heads * n * dim * itemsize
+        if len(data) != size + 2 * n_layers * per:
+            raise ValueError(f"{len(data)} bytes, expected {size + 2 * n_layers * per}")
+        raw = getattr(mx, _RAW[itemsize])
+        np_raw = np.dtype(f"<u{itemsize}")
+        layers = []
+        for i in range(n_layers):
+            arrays = []
+            for j in range(2):
+                off = size + (2 * i + j) * per
+                flat = np.frombuffer(data, dtype=np_raw, count=per // itemsize, offset=off)
+                arrays.append(mx.array(flat).view(raw).view(dtype).reshape(1, heads, n, dim))
+            layers.append((arrays[0], arrays[1]))
+        mx.eval(layers)
+        return KVSnapshot(tuple(tokens), 2 * n_layers * per, layers)
 
     def _prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
         """Evaluate all but the last prompt token in aligned batches; False when cancelled."""
         mx = self._mx
-        bounds = batch_bounds(len(self._kv_tokens), len(tokens) + 1)[:-1]
+        start = len(self._kv_tokens)
+        bounds = batch_bounds(start, len(tokens) + 1)[:-1]
         for lo, hi in itertools.pairwise(bounds):
             if lo and should_stop():
                 return False
             self._model(mx.array(tokens[lo:hi])[None], cache=self._cache)
             mx.eval([c.state for c in self._cache])
             self._kv_tokens.extend(tokens[lo:hi])
+            self._canonical = extends_canonical(self._canonical, start, lo, hi)
         return True
 
     def _sampler(self, params: SamplingParams, prompt: Sequence[int]) -> Callable[[Any], Any]:

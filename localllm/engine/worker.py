@@ -31,6 +31,7 @@ from localllm.backends.base import (
     SamplingParams,
 )
 from localllm.config import Settings
+from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
 from localllm.errors import (
     ContextOverflow,
     FimUnsupported,
@@ -55,6 +56,8 @@ class Request:
     suffix: str | None = None  # with prompt: fill in the middle
     prompt_tokens: Sequence[int] | None = None
     model: str | None = None  # None: whatever is loaded
+    # a chat longer than the context: "error" (ContextOverflow) or "truncate-oldest"
+    context_policy: str = "error"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,8 @@ class Started:
 
     model: str
     prompt_tokens: int
+    dropped_messages: int = 0  # by the truncate-oldest policy
+    prompt_tokens_before: int = 0  # the prompt's length before those were dropped
 
 
 _END = object()
@@ -215,6 +220,13 @@ class Engine:
         self.last_error: str | None = None
         self._model: LoadedModel | None = None
         self._ref: ModelRef | None = None
+        self.cache = PromptCache(
+            settings.prompt_cache_ram_mb * 1024 * 1024
+            if settings.prompt_cache_ram_mb is not None
+            else default_ram_budget(),
+            settings.cache_dir / "kv" if settings.prompt_cache_disk_mb > 0 else None,
+            settings.prompt_cache_disk_mb * 1024 * 1024,
+        )
         self._backend = settings.backend  # the preference models load with
         self._loaded_with: str | None = None  # the preference the current model loaded with
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -291,6 +303,8 @@ class Engine:
             return model
         if self._model is not None:
             log.info("unloading %s", self._ref.name if self._ref else "?")
+            self.cache.park_live()
+            self.cache.attach(None, None)
             self._model.close()
             self._model, self._ref = None, None
         self.state = "loading"
@@ -301,13 +315,14 @@ class Engine:
             progress=progress,
         )
         try:
-            model, reason = self._load_with_backend(ref, options)
+            model, reason, target = self._load_with_backend(ref, options)
         except LocalLLMError as exc:
             self.state, self.last_error = "error", exc.message
             raise
         except Exception as exc:  # a native library failing in an unexpected way
             self.state, self.last_error = "error", str(exc)
             raise ModelLoadError(str(ref.path), str(exc)) from exc
+        self.cache.attach(model, model_key(target, model, _kv_type(model.info)))
         extra = {**model.info.extra, "backend_reason": reason}
         model.info = dataclasses.replace(model.info, id=ref.name, extra=extra)
         self._model, self._ref, self._loaded_with = model, ref, self._backend
@@ -317,7 +332,9 @@ class Engine:
         )
         return model
 
-    def _load_with_backend(self, ref: ModelRef, options: LoadOptions) -> tuple[LoadedModel, str]:
+    def _load_with_backend(
+        self, ref: ModelRef, options: LoadOptions
+    ) -> tuple[LoadedModel, str, ModelRef]:
         """Plan the backend, import a GGUF for MLX when the plan says so, load; with `auto`,
         a GGUF whose import fails runs on llama.cpp instead."""
         models_dir = self.settings.models_dir
@@ -333,7 +350,7 @@ class Engine:
         reason = chosen.reason
         if target != ref:
             reason += f"; MLX import {target.name}"
-        return backend.load(target, options), reason
+        return backend.load(target, options), reason, target
 
     # -- submitting ----------------------------------------------------------------
     def _resolve(self, request: Request) -> ModelRef | None:
@@ -403,6 +420,10 @@ class Engine:
                 with self._lock:
                     self._outstanding -= 1
         if self._model is not None:
+            try:
+                self.cache.park_live()  # to disk: a restart picks the conversation up again
+            except Exception:
+                log.exception("could not save the live KV state at shutdown")
             self._model.close()
             self._model = None
 
@@ -421,11 +442,10 @@ class Engine:
             job.emit(_END)
             return
         model = self._ensure_loaded(ref)
-        tokens = render_prompt(model, request)
-        if len(tokens) >= model.info.n_ctx:
-            raise ContextOverflow(len(tokens), model.info.n_ctx)
-        started: Started | None = Started(model=ref.name, prompt_tokens=len(tokens))
+        tokens, dropped, before = fit_prompt(model, request)
+        started: Started | None = Started(ref.name, len(tokens), dropped, before)
         self.totals["requests"] += 1
+        self.cache.prepare(tokens)
         for chunk in model.stream(tokens, request.params, should_stop=job.cancel.is_set):
             if started is not None:
                 # Sent with the first chunk, not before the prefill: the reply's headers are
@@ -436,8 +456,38 @@ class Engine:
                 self.totals["prompt_tokens"] += chunk.stats.prompt_tokens
                 self.totals["generated_tokens"] += chunk.stats.generated_tokens
                 self.totals["cancelled"] += chunk.finish_reason == "cancelled"
+                self.cache.finished(chunk.stats.cached_tokens)
             job.emit(chunk)
         job.emit(_END)
+
+
+def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, int]:
+    """The prompt tokens, and how many messages the truncate-oldest policy dropped to fit
+    (with the length before); ContextOverflow when it does not fit and may not be cut."""
+    n_ctx = model.info.n_ctx
+    tokens = render_prompt(model, request)
+    if len(tokens) < n_ctx:
+        return tokens, 0, 0
+    messages = list(request.messages or [])
+    if request.context_policy != "truncate-oldest" or not messages:
+        raise ContextOverflow(len(tokens), n_ctx)
+    before, dropped = len(tokens), 0
+    system = [m for m in messages[:1] if m.role == "system"]
+    rest = messages[len(system) :]
+    while len(rest) > 1:
+        rest = rest[1:]
+        dropped += 1
+        if rest[0].role == "assistant" and len(rest) > 1:
+            rest, dropped = rest[1:], dropped + 1  # a turn starts with the user
+        tokens = model.render_chat([*system, *rest])
+        if len(tokens) < n_ctx:
+            log.info("dropped the %d oldest messages to fit %d tokens", dropped, n_ctx)
+            return tokens, dropped, before
+    raise ContextOverflow(len(tokens), n_ctx)
+
+
+def _kv_type(info: ModelInfo) -> str:
+    return "f32" if info.backend == "mlx" and info.device == "cpu" else "f16"
 
 
 def render_prompt(model: LoadedModel, request: Request) -> list[int]:

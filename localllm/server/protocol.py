@@ -156,6 +156,8 @@ class Shapes:
         self.created = now()
         self.model = model
         self.prompt_tokens = prompt_tokens
+        # set when the truncate-oldest policy dropped messages: said in the final bodies
+        self.truncated: dict[str, int] | None = None
 
     def _body(self, obj: str, choices: list[dict], use: dict | None = None) -> dict:
         body: dict[str, Any] = {
@@ -169,19 +171,29 @@ class Shapes:
             body["usage"] = use
         return body
 
+    def _said(self, body: dict) -> dict:
+        if self.truncated is not None:
+            body["truncated"] = self.truncated
+        return body
+
     def _choice(self, text: str, finish: FinishReason | None, *, whole: bool) -> dict:
         raise NotImplementedError
 
     def full(self, text: str, final: Chunk) -> dict:
         choice = self._choice(text, final.finish_reason, whole=True)
-        return self._body(self.object_full, [choice], usage(final.stats, self.prompt_tokens))
+        use = usage(final.stats, self.prompt_tokens)
+        return self._said(self._body(self.object_full, [choice], use))
 
     def delta(self, text: str) -> dict:
         return self._body(self.object_chunk, [self._choice(text, None, whole=False)])
 
     def closing(self, final: Chunk, text: str, *, include_usage: bool) -> list[dict]:
         out = [
-            self._body(self.object_chunk, [self._choice(text, final.finish_reason, whole=False)])
+            self._said(
+                self._body(
+                    self.object_chunk, [self._choice(text, final.finish_reason, whole=False)]
+                )
+            )
         ]
         if include_usage:
             out.append(self._body(self.object_chunk, [], usage(final.stats, self.prompt_tokens)))

@@ -77,6 +77,11 @@ async def _respond(
         stream.cancel()
         raise
     shapes = kind(started.model, started.prompt_tokens)
+    if started.dropped_messages:
+        shapes.truncated = {
+            "dropped_messages": started.dropped_messages,
+            "prompt_tokens_before": started.prompt_tokens_before,
+        }
     if not body.stream:
         text, final = await _collect(stream, request)
         return JSONResponse(shapes.full(text, final))
@@ -93,7 +98,8 @@ async def chat_completions(
     body: wire.ChatCompletionRequest, request: Request
 ) -> JSONResponse | StreamingResponse:
     messages = [m.to_message() for m in body.messages]
-    req = EngineRequest(body.sampling(), messages=messages, model=body.model)
+    policy = request.app.state.settings.context_policy
+    req = EngineRequest(body.sampling(), messages=messages, model=body.model, context_policy=policy)
     return await _respond(request, body, req, wire.ChatShapes)
 
 
@@ -130,6 +136,7 @@ async def health(request: Request) -> JSONResponse:
         "model": ref.name if ref else None,
         "queued": engine.outstanding,
         "totals": dict(engine.totals),
+        "prompt_cache": engine.cache.stats(),
     }
     if engine.last_error:
         body["error"] = engine.last_error

@@ -151,3 +151,39 @@ def test_model_info(loaded: LoadedModel, starter_ref: ModelRef):
     assert info.quant.upper().startswith("Q4_1")
     # the same identity the store reads from the file header, whatever the backend
     assert info.vocab_fingerprint == read_gguf(starter_ref.path).vocab_fingerprint
+
+
+SHORT_SYSTEM = "You are a helpful assistant who knows history, geography and science well. " * 5
+
+
+def test_follow_up_and_restored_states_give_exactly_the_cold_output(loaded: LoadedModel):
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    first = [Message("system", SHORT_SYSTEM), Message("user", "Name a river.")]
+    p1 = loaded.render_chat(first)
+    run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)
+    answer = "".join(c.text for c in run(loaded, p1, params))
+    p2 = loaded.render_chat([*first, Message("assistant", answer),
+                             Message("user", "And a mountain?")])
+    run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)
+    cold = run(loaded, p2, params)
+    snapshot = loaded.save_kv()  # the reusable prefix of p2: whole aligned blocks
+    assert 0 < len(snapshot.tokens) <= len(p2) - 1 and len(snapshot.tokens) % ALIGN == 0
+    assert list(snapshot.tokens) == p2[: len(snapshot.tokens)] and snapshot.nbytes > 0
+
+    run(loaded, p1, params)  # the first turn again: its answer is in the KV cache now
+    follow_up = run(loaded, p2, params)  # reuses the first turn's blocks, never the answer's
+    assert generated(follow_up) == generated(cold)
+    assert 0 < follow_up[-1].stats.cached_tokens <= (len(p1) - 1) // ALIGN * ALIGN
+
+    run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)
+    assert loaded.kv_prefix() != list(snapshot.tokens)
+    assert loaded.load_kv(snapshot)
+    restored = run(loaded, p2, params)
+    assert generated(restored) == generated(cold)
+    assert restored[-1].stats.cached_tokens == len(snapshot.tokens)
+
+    data = loaded.dump_kv(snapshot)  # through bytes, as the disk tier keeps it
+    again = loaded.undump_kv(snapshot.tokens, data)
+    run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)
+    assert loaded.load_kv(again)
+    assert generated(run(loaded, p2, params)) == generated(cold)

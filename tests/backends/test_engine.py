@@ -109,6 +109,9 @@ class _Crashy:
     def render_chat(self, messages: list[Message]) -> list[int]:
         return self._real.render_chat(messages)  # type: ignore[attr-defined,no-any-return]
 
+    def kv_prefix(self) -> list[int]:
+        return []  # nothing to save or restore
+
     def stream(self, prompt: list[int], params: SamplingParams, *, should_stop: object
                ) -> Iterator[Chunk]:
         yield Chunk("a", (1,))

@@ -1,0 +1,171 @@
+"""The engine's prompt cache on the real starter model (llama.cpp): several conversations
+warm at once, a RAM budget, the disk tier across restarts, and exact output throughout.
+The backend half (save/restore gives a cold run's tokens) is in the contract suite."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from localllm.backends.base import Chunk, Message, SamplingParams
+from localllm.config import Settings
+from localllm.engine.worker import Engine, Request
+from localllm.errors import ContextOverflow
+from tests.conftest import THREADS
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
+TOPICS = ("rivers", "mountains", "deserts", "forests")
+
+
+def system(topic: str) -> str:
+    return f"You are an expert on {topic}. Answer in one short sentence. " * 8
+
+
+def conversation(topic: str, turns: int) -> list[Message]:
+    msgs = [Message("system", system(topic))]
+    for i in range(turns):
+        msgs.append(Message("user", f"Tell me fact number {i + 1} about {topic}."))
+        if i < turns - 1:
+            msgs.append(Message("assistant", f"Fact {i + 1}: {topic} are remarkable."))
+    return msgs
+
+
+def ask(engine: Engine, messages: list[Message]) -> tuple[list[int], Chunk]:
+    chunks = list(engine.generate(Request(GREEDY, messages=messages)))
+    return [t for c in chunks for t in c.tokens], chunks[-1]
+
+
+def make(tmp_path: Path, **kw: object) -> Engine:
+    values: dict = {"n_threads": THREADS, "n_ctx": 1024, "data_dir": tmp_path / "data",
+                    "cache_dir": tmp_path / "cache", "prompt_cache_ram_mb": 512,
+                    "prompt_cache_disk_mb": 0}
+    values.update(kw)
+    return Engine(Settings(**values))
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
+    """Answers with no cache: nothing is kept, and an unrelated prompt runs before each."""
+    engine = make(tmp_path_factory.mktemp("cold"), prompt_cache_ram_mb=0)
+    yield engine
+    engine.close()
+
+
+def cold_answer(cold: Engine, messages: list[Message]) -> list[int]:
+    ask(cold, [Message("user", "Zebra crossing")])
+    tokens, final = ask(cold, messages)
+    assert final.stats is not None and final.stats.cached_tokens == 0
+    return tokens
+
+
+def test_four_interleaved_conversations_all_hit(tmp_path: Path, cold: Engine):
+    engine = make(tmp_path)
+    try:
+        for topic in TOPICS:  # first turns, round robin: each parks the one before
+            ask(engine, conversation(topic, 1))
+        for topic in TOPICS:
+            msgs = conversation(topic, 2)
+            tokens, final = ask(engine, msgs)
+            assert final.stats is not None
+            first_turn = engine.model_info and len(
+                engine._model.render_chat(conversation(topic, 1))  # type: ignore[union-attr]
+            )
+            assert final.stats.cached_tokens >= (first_turn - 1) // 64 * 64 > 0, topic
+            assert tokens == cold_answer(cold, msgs), topic
+        stats = engine.cache.stats()
+        assert stats["ram_entries"] >= 3 and stats["restored"] >= 3
+        assert stats["hits"] == 4 and stats["requests"] == 8
+    finally:
+        engine.close()
+
+
+def test_a_tiny_budget_evicts_and_answers_stay_exact(tmp_path: Path, cold: Engine):
+    engine = make(tmp_path, prompt_cache_ram_mb=1)  # below one conversation's state
+    try:
+        for topic in TOPICS[:2]:
+            ask(engine, conversation(topic, 1))
+        msgs = conversation(TOPICS[0], 2)
+        tokens, final = ask(engine, msgs)
+        assert final.stats is not None and final.stats.cached_tokens == 0  # it was evicted
+        assert tokens == cold_answer(cold, msgs)
+        stats = engine.cache.stats()
+        assert stats["evicted"] >= 1 and stats["ram_entries"] == 0
+    finally:
+        engine.close()
+
+
+def disk_files(tmp_path: Path) -> list[Path]:
+    return sorted((tmp_path / "cache" / "kv").rglob("*.kv"))
+
+
+def test_restart_finds_the_conversation_on_disk(tmp_path: Path, cold: Engine):
+    first = make(tmp_path, prompt_cache_disk_mb=256)
+    ask(first, conversation("rivers", 1))
+    first.close()  # shutdown parks the live state on disk
+    assert len(disk_files(tmp_path)) == 1
+    again = make(tmp_path, prompt_cache_disk_mb=256)
+    try:
+        msgs = conversation("rivers", 2)
+        tokens, final = ask(again, msgs)
+        assert final.stats is not None and final.stats.cached_tokens > 0
+        assert tokens == cold_answer(cold, msgs)
+        stats = again.cache.stats()
+        assert stats["restored"] == 1 and stats["disk_entries"] >= 1
+    finally:
+        again.close()
+
+
+def test_a_corrupt_disk_entry_is_dropped_and_the_answer_is_cold(
+    tmp_path: Path, cold: Engine, caplog: pytest.LogCaptureFixture
+):
+    first = make(tmp_path, prompt_cache_disk_mb=256)
+    ask(first, conversation("deserts", 1))
+    first.close()
+    (entry,) = disk_files(tmp_path)
+    data = bytearray(entry.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the middle of the KV data
+    entry.write_bytes(bytes(data))
+    again = make(tmp_path, prompt_cache_disk_mb=256)
+    try:
+        msgs = conversation("deserts", 2)
+        with caplog.at_level(logging.WARNING, logger="localllm.engine.prompt_cache"):
+            tokens, final = ask(again, msgs)
+        assert "dropping corrupt prompt-cache entry" in caplog.text
+        assert final.stats is not None and final.stats.cached_tokens == 0
+        assert tokens == cold_answer(cold, msgs)
+        assert not entry.exists()
+    finally:
+        again.close()
+
+
+def test_another_context_size_does_not_reuse_a_state(tmp_path: Path):
+    first = make(tmp_path, prompt_cache_disk_mb=256)
+    ask(first, conversation("forests", 1))
+    first.close()
+    other = make(tmp_path, prompt_cache_disk_mb=256, n_ctx=512)
+    try:
+        _, final = ask(other, conversation("forests", 2))
+        assert final.stats is not None and final.stats.cached_tokens == 0
+        assert other.cache.stats()["disk_entries"] == 0  # another key: the entry is not seen
+    finally:
+        other.close()
+    # each context size keeps its own states, in its own folder
+    assert len({f.parent for f in disk_files(tmp_path)}) == 2
+
+
+def test_truncate_oldest_keeps_the_system_prompt_and_newest_turns(tmp_path: Path):
+    engine = make(tmp_path, n_ctx=256)
+    try:
+        long_chat = conversation("rivers", 6)  # about 400 tokens
+        with pytest.raises(ContextOverflow):
+            list(engine.generate(Request(GREEDY, messages=long_chat)))
+        stream = list(engine.generate(Request(GREEDY, messages=long_chat,
+                                              context_policy="truncate-oldest")))
+        final = stream[-1]
+        assert final.stats is not None and final.stats.prompt_tokens < 256
+        assert final.finish_reason in ("length", "stop")
+    finally:
+        engine.close()

@@ -1,0 +1,73 @@
+"""The prompt cache and the context policy through a real server: `usage`, /health,
+`localllm ps`, and `truncate-oldest` saying what it dropped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ServerProcess
+
+
+@pytest.fixture(scope="module")
+def truncating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = ServerProcess(tmp_path_factory.mktemp("truncating"), "--ctx", "256",
+                        env={"LOCALLLM_CONTEXT_POLICY": "truncate-oldest"})
+    yield srv
+    srv.stop()
+
+
+def chat(topic: str, turns: int) -> list[dict[str, str]]:
+    msgs = [{"role": "system", "content": f"You know {topic}. Answer briefly. " * 6}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"Fact {i + 1} about {topic}, please."})
+        if i < turns - 1:
+            msgs.append({"role": "assistant", "content": f"{topic.title()} fact {i + 1}."})
+    return msgs
+
+
+def test_truncate_oldest_says_what_it_dropped(truncating: ServerProcess):
+    body = {"messages": chat("rivers", 12), "max_tokens": 4, "temperature": 0}
+    r = httpx.post(truncating.base + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    cut = data["truncated"]
+    assert cut["dropped_messages"] >= 2 and cut["prompt_tokens_before"] > 256
+    assert data["usage"]["prompt_tokens"] < 256
+    frames = []
+    with httpx.stream("POST", truncating.base + "/v1/chat/completions",
+                      json={**body, "stream": True}, timeout=60) as resp:
+        frames = [line for line in resp.iter_lines() if line.startswith("data: {")]
+    assert '"truncated"' in frames[-1]  # the closing frame says it as well
+
+
+def test_cache_figures_in_health_and_ps(truncating: ServerProcess):
+    client = openai.OpenAI(base_url=truncating.base + "/v1", api_key="unused", max_retries=0)
+    for topic in ("rivers", "deserts", "rivers"):  # the third request restores the first
+        r = client.chat.completions.create(model="starter", messages=chat(topic, 1),
+                                           max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens > 0
+    cache = truncating.health()["prompt_cache"]
+    assert cache["restored"] >= 1 and cache["ram_entries"] >= 1 and cache["hits"] >= 1
+    env = {**os.environ, "LOCALLLM_PORT": str(truncating.port)}
+    out = subprocess.run([sys.executable, "-m", "localllm", "ps"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "starter (ok)" in out.stdout and "cache hits" in out.stdout
+    assert f"{cache['hits']} of" in out.stdout
+
+
+def test_ps_without_a_server_is_one_clear_line(tmp_path):
+    from tests.conftest import free_port
+
+    env = {**os.environ, "LOCALLLM_PORT": str(free_port())}
+    out = subprocess.run([sys.executable, "-m", "localllm", "ps"], capture_output=True,
+                         text=True, env=env, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.startswith("localllm: error: no localllm server answers at http://127.0.0.1:")
