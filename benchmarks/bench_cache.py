@@ -63,8 +63,8 @@ def prefix_text(words: int) -> str:
 def part_a(root: Path) -> None:
     e = engine(root / "a")
     try:
-        shared = Message("system", prefix_text(115))  # about 1,500 tokens
-        other = Message("system", prefix_text(115).replace("archive", "museum"))
+        shared = Message("system", prefix_text(86))  # about 1,500 tokens
+        other = Message("system", prefix_text(86).replace("archive", "museum"))
         ask(e, [Message("user", "Zebra crossing")])
         q1 = Message("user", "Where is the first volume of the town records kept, exactly?")
         q2 = Message("user", "Which shelf holds the maps of the harbour from the old survey?")
@@ -165,7 +165,7 @@ def part_b(root: Path) -> None:
 
 
 def part_c(root: Path) -> None:
-    shared = Message("system", prefix_text(115))
+    shared = Message("system", prefix_text(86))
     turn1 = [shared, Message("user", "Where is the first volume of the town records kept?")]
     for disk_mb in (1024, 0):
         where = root / f"c-{disk_mb}"

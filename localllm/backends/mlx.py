@@ -454,17 +454,19 @@ class MlxModel:
             if should_stop():
                 finish = "cancelled"
                 break
+            # The next step is built on the still-lazy token and queued before waiting
+            # for it, so MLX never idles between steps; it then also runs while the
+            # caller handles this token. (At the end of an answer one step is spare.)
+            nxt = step(y) if generated + 1 < limit else None
+            if nxt is not None:
+                mx.async_eval(nxt)
             tok = int(y.item())
+            if nxt is not None:
+                kv.append(tok)  # its KV is being written by the queued step
             if tok in eog:
                 finish = "stop"
                 break
             generated += 1
-            if generated < limit:
-                # Queue the next step before the token goes out: MLX computes it while
-                # the caller handles this one.
-                y = step(y)
-                kv.append(tok)
-                mx.async_eval(y)
             if generated == 1:
                 t_first = time.perf_counter()
             piece = text.push(pieces[tok] if tok < len(pieces) else b"")
@@ -472,6 +474,7 @@ class MlxModel:
             if text.stopped:
                 finish = "stop"
                 break
+            y = nxt
         tail = "" if text.stopped else text.flush()
         t_end = time.perf_counter()
         yield final_chunk(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)

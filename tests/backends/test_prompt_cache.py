@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from localllm.backends import get_backend
 from localllm.backends.base import Chunk, Message, SamplingParams
 from localllm.config import Settings
 from localllm.engine.worker import Engine, Request
@@ -169,3 +170,21 @@ def test_truncate_oldest_keeps_the_system_prompt_and_newest_turns(tmp_path: Path
         assert final.finish_reason in ("length", "stop")
     finally:
         engine.close()
+
+
+@pytest.mark.skipif(not get_backend("mlx").available(), reason="the mlx extra is not installed")
+def test_restart_on_mlx_reads_the_state_back_from_disk(tmp_path: Path):
+    short = [Message("system", "You are an expert on rivers. Answer briefly. " * 8),
+             Message("user", "Name a river.")]
+    first = make(tmp_path, backend="mlx", n_ctx=256, prompt_cache_disk_mb=256)
+    text = "".join(c.text for c in first.generate(Request(GREEDY, messages=short)))
+    first.close()
+    assert len(disk_files(tmp_path)) == 1
+    again = make(tmp_path, backend="mlx", n_ctx=256, prompt_cache_disk_mb=256)
+    try:
+        follow = [*short, Message("assistant", text), Message("user", "Another one?")]
+        _, final = ask(again, follow)
+        assert final.stats is not None and final.stats.cached_tokens >= 64
+        assert again.cache.stats()["restored"] == 1
+    finally:
+        again.close()
