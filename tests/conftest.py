@@ -32,11 +32,13 @@ def _isolated_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.setenv("LOCALLLM_DATA_DIR", str(home / "data"))
     monkeypatch.setenv("LOCALLLM_CACHE_DIR", str(home / "cache"))
     monkeypatch.setenv("HF_HUB_CACHE", str(home / "hf"))
+    kept = ("LOCALLLM_CONFIG", "LOCALLLM_DATA_DIR", "LOCALLLM_CACHE_DIR",
+            "LOCALLLM_LMSTUDIO_DIR", "LOCALLLM_OLLAMA_DIR")
     for key in list(os.environ):
-        if key.startswith("LOCALLLM_") and key not in (
-            "LOCALLLM_CONFIG", "LOCALLLM_DATA_DIR", "LOCALLLM_CACHE_DIR",
-        ):
+        if key.startswith("LOCALLLM_") and key not in kept:
             monkeypatch.delenv(key)
+    monkeypatch.setenv("LOCALLLM_LMSTUDIO_DIR", str(home / "lmstudio"))
+    monkeypatch.setenv("LOCALLLM_OLLAMA_DIR", str(home / "ollama"))
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +105,8 @@ class ServerProcess:
             "LOCALLLM_DATA_DIR": str(tmp / "data"),
             "LOCALLLM_CACHE_DIR": str(tmp / "cache"),
             "HF_HUB_CACHE": str(tmp / "hf"),
+            "LOCALLLM_LMSTUDIO_DIR": str(tmp / "lmstudio"),
+            "LOCALLLM_OLLAMA_DIR": str(tmp / "ollama"),
             **(env or {}),
         }
         cmd = [sys.executable, "-m", "localllm", "serve", "--port", str(self.port),

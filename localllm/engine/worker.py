@@ -215,7 +215,7 @@ class Engine:
 
     def __init__(self, settings: Settings, store: ModelStore | None = None) -> None:
         self.settings = settings
-        self.store = store or ModelStore(settings.models_dir)
+        self.store = store or ModelStore.from_settings(settings)
         self.state: State = "idle"
         self.last_error: str | None = None
         self._model: LoadedModel | None = None

@@ -7,15 +7,20 @@ A model reference is one of
   or an MLX model folder, such as ``starter-mlx`` from ``localllm convert``);
 - a GGUF already in the Hugging Face cache: ``org/repo`` (one GGUF in it),
   ``org/repo:Q4_K_M`` (the file whose name has that quant) or ``org/repo/file.gguf``;
-  or an MLX repository there (``org/repo``).
+  or an MLX repository there (``org/repo``);
+- a model another tool keeps, used where it lies: LM Studio's models folder
+  (``lmstudio:publisher/model`` or ``lmstudio:publisher/model/file.gguf``) and Ollama's
+  store, whose manifests name the GGUF blobs (``ollama:name:tag``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from localllm.backends.base import ModelRef
 from localllm.errors import ModelNotFound
@@ -65,9 +70,27 @@ def _ggufs_in(folder: Path) -> list[Path]:
 class ModelStore:
     """Finds local models. Listing reads directory entries only, never weights."""
 
-    def __init__(self, models_dir: Path, *, hf_cache: Path | None = None) -> None:
+    def __init__(
+        self,
+        models_dir: Path,
+        *,
+        hf_cache: Path | None = None,
+        lmstudio_dir: Path | None = None,
+        ollama_dir: Path | None = None,
+    ) -> None:
         self.models_dir = Path(models_dir)
         self.hf_cache = hf_cache if hf_cache is not None else hf_cache_dir()
+        self.lmstudio_dir = lmstudio_dir  # None: not looked at
+        self.ollama_dir = ollama_dir
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> ModelStore:
+        """The store with every folder the settings name (LM Studio's, Ollama's)."""
+        return cls(
+            settings.models_dir,
+            lmstudio_dir=settings.lmstudio_dir,
+            ollama_dir=settings.ollama_dir,
+        )
 
     # -- listing -----------------------------------------------------------------
     def models(self) -> list[ModelRef]:
@@ -77,6 +100,8 @@ class ModelStore:
             refs.append(starter)
         refs.extend(self._store_models())
         refs.extend(self._hf_models())
+        refs.extend(self._lmstudio_models())
+        refs.extend(self._ollama_models())
         return refs
 
     def names(self) -> list[str]:
@@ -135,6 +160,49 @@ class ModelStore:
                     continue
                 rel = f.relative_to(snapshot).as_posix()
                 refs.append(ModelRef(f"{repo}/{rel}", f, "gguf", "hf-cache", _size(f)))
+        return refs
+
+    def _lmstudio_models(self) -> list[ModelRef]:
+        """LM Studio keeps <root>/<publisher>/<model>/ holding GGUF files or an MLX model."""
+        root = self.lmstudio_dir
+        if root is None or not root.is_dir():
+            return []
+        refs = []
+        for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
+            name = f"lmstudio:{folder.parent.name}/{folder.name}"
+            if is_mlx_dir(folder):
+                refs.append(ModelRef(name, folder, "mlx", "lmstudio", _dir_size(folder)))
+                continue
+            files = _ggufs_in(folder)
+            for f in files:
+                label = name if len(files) == 1 else f"{name}/{f.name}"
+                refs.append(ModelRef(label, f, "gguf", "lmstudio", _size(f)))
+        return refs
+
+    def _ollama_models(self) -> list[ModelRef]:
+        """Ollama's manifests (<root>/manifests/<host>/<namespace>/<name>/<tag>) name the
+        GGUF blob of each model in <root>/blobs."""
+        root = self.ollama_dir
+        manifests = root / "manifests" if root is not None else None
+        if root is None or manifests is None or not manifests.is_dir():
+            return []
+        refs = []
+        for manifest in sorted(p for p in manifests.glob("*/*/*/*") if p.is_file()):
+            try:
+                layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
+                digest = next(
+                    layer["digest"]
+                    for layer in layers
+                    if layer.get("mediaType") == "application/vnd.ollama.image.model"
+                )
+            except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
+                continue
+            blob = root / "blobs" / str(digest).replace(":", "-", 1)
+            if not is_gguf(blob):
+                continue
+            namespace, model, tag = manifest.parent.parent.name, manifest.parent.name, manifest.name
+            name = model if namespace == "library" else f"{namespace}/{model}"
+            refs.append(ModelRef(f"ollama:{name}:{tag}", blob, "gguf", "ollama", _size(blob)))
         return refs
 
     # -- resolving -----------------------------------------------------------------
