@@ -421,7 +421,7 @@ def _device_of(backend: str) -> str:
 def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models.convert import find_import, import_gguf
     from localllm.models.gguf import format_bytes
-    from localllm.models.store import ModelStore
+    from localllm.models.store import ModelStore, dir_size
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
     if ref.format != "gguf":
@@ -434,7 +434,7 @@ def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
         name=args.name,
         progress=_progress_printer(f"Importing {ref.name}"),
     )
-    size = sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    size = dir_size(folder)
     verb = "already imported as" if before == folder else "imported as"
     print(f"{ref.name} {verb} {folder.name} ({format_bytes(size)}) in {folder}")
     print(f"run it with: localllm chat {folder.name}")

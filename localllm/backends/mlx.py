@@ -46,6 +46,7 @@ from localllm.backends.common import (
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
+from localllm.models.convert import read_provenance
 from localllm.models.gguf import fim_ids_from_tokens, vocab_fingerprint
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class MlxModel:
         if isinstance(template, list):  # several named templates: take the default one
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
-        provenance = _read_json(folder / "localllm.json").get("source", {})
+        provenance = (read_provenance(folder) or {}).get("source", {})
         n_ctx_train = int(config.get("max_position_embeddings") or 0)
         fim = fim_ids_from_tokens(texts)
         extra = {"description": f"{config.get('model_type', '?')} (mlx-lm)"}

@@ -361,11 +361,6 @@ def ensure_import(
     if ref.format == "mlx":
         return ref
     folder = import_gguf(ref, models_dir, progress=progress)
-    return ModelRef(folder.name, folder, "mlx", "store", _folder_size(folder))
+    from localllm.models.store import dir_size
 
-
-def _folder_size(folder: Path) -> int:
-    try:
-        return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
-    except OSError:
-        return 0
+    return ModelRef(folder.name, folder, "mlx", "store", dir_size(folder))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -360,9 +359,9 @@ def read_mlx_dir(path: Path) -> ModelMeta:
         pass
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    provenance: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        provenance = json.loads((path / "localllm.json").read_text(encoding="utf-8"))["source"]
+    from localllm.models.convert import read_provenance  # it reads GGUF headers with this module
+
+    provenance = (read_provenance(path) or {}).get("source") or {}
     n_head = int(config.get("num_attention_heads") or 0)
     hidden = int(config.get("hidden_size") or 0)
     quant_name = provenance.get("quant") or (

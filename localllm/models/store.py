@@ -55,7 +55,8 @@ def is_mlx_dir(path: Path) -> bool:
         return False
 
 
-def _dir_size(folder: Path) -> int:
+def dir_size(folder: Path) -> int:
+    """The bytes of the files directly in a folder (an MLX model's weights and metadata)."""
     return sum(_size(p) for p in folder.iterdir() if p.is_file())
 
 
@@ -123,7 +124,7 @@ class ModelStore:
             if entry.is_file() and entry.suffix.lower() == ".gguf":
                 refs.append(ModelRef(entry.stem, entry, "gguf", "store", _size(entry)))
             elif entry.is_dir() and is_mlx_dir(entry):
-                refs.append(ModelRef(entry.name, entry, "mlx", "store", _dir_size(entry)))
+                refs.append(ModelRef(entry.name, entry, "mlx", "store", dir_size(entry)))
             elif entry.is_dir():
                 files = _ggufs_in(entry)
                 if len(files) == 1:
@@ -153,7 +154,7 @@ class ModelStore:
                 continue
             repo = repo_dir.name.removeprefix("models--").replace("--", "/", 1)
             if is_mlx_dir(snapshot):
-                refs.append(ModelRef(repo, snapshot, "mlx", "hf-cache", _dir_size(snapshot)))
+                refs.append(ModelRef(repo, snapshot, "mlx", "hf-cache", dir_size(snapshot)))
                 continue
             for f in sorted(snapshot.rglob("*.gguf")):
                 if _LATER_SHARD.search(f.name) or not f.is_file():
@@ -171,7 +172,7 @@ class ModelStore:
         for folder in sorted(p for p in root.glob("*/*") if p.is_dir()):
             name = f"lmstudio:{folder.parent.name}/{folder.name}"
             if is_mlx_dir(folder):
-                refs.append(ModelRef(name, folder, "mlx", "lmstudio", _dir_size(folder)))
+                refs.append(ModelRef(name, folder, "mlx", "lmstudio", dir_size(folder)))
                 continue
             files = _ggufs_in(folder)
             for f in files:
@@ -225,7 +226,7 @@ class ModelStore:
                 raise ModelNotFound(
                     name, self.names(), detail="the folder has no config.json and safetensors"
                 )
-            return ModelRef(path.name, path.resolve(), "mlx", "path", _dir_size(path))
+            return ModelRef(path.name, path.resolve(), "mlx", "path", dir_size(path))
         models = self.models()
         for ref in models:
             if ref.name == name or ref.name.lower() == name.lower():
