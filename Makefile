@@ -31,3 +31,5 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_decode
 	$(BIN)/python -m benchmarks.bench_tui
 	$(BIN)/python -m benchmarks.bench_mlx
+	$(BIN)/python -m benchmarks.bench_pull
+	$(BIN)/python -m benchmarks.bench_switch

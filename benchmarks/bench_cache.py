@@ -126,7 +126,7 @@ def part_b(root: Path) -> None:
         # llama-cpp-python's Llama on the same prompt tokens (rendered by localllm)
         ref = ModelStore(Path("/nonexistent")).resolve("starter")
         llm = llama_cpp.Llama(str(ref.path), n_ctx=4096, n_threads=THREADS, verbose=False)
-        render = e._model.render_chat  # type: ignore[union-attr]
+        render = e._default.model.render_chat  # type: ignore[union-attr]
 
         def ask_llama(m: list[Message]) -> tuple[str, float, int, int]:
             tokens = render(m)

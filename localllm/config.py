@@ -66,6 +66,10 @@ class Settings:
     prompt_cache_ram_mb: int | None = None  # None: a quarter of available memory, <= 8 GiB
     prompt_cache_disk_mb: int = 2048  # 0 turns the disk tier off
     context_policy: str = "error"  # API prompts over the context: error | truncate-oldest
+    max_loaded_models: int = 3  # models resident at once (the default + on-demand ones)
+    keep_alive_s: int = 300  # idle seconds before an on-demand model unloads; -1: never
+    memory_budget_mb: int | None = None  # all loaded models together; None: what is free
+    force_load: bool = False  # load even when the estimate says it will not fit
     log_level: str = "warning"
     data_dir: Path = field(default_factory=_data_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
@@ -95,6 +99,13 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     try:
         if "Path" in kind:
             return Path(str(value)).expanduser()
+        if kind == "bool":
+            if isinstance(value, bool):
+                return value
+            word = str(value).strip().lower()
+            if word not in ("true", "false", "1", "0", "yes", "no"):
+                raise ValueError("expected true or false")
+            return word in ("true", "1", "yes")
         if "int" in kind:
             if isinstance(value, bool):
                 raise ValueError("a boolean is not a number")
@@ -178,6 +189,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"n_ctx must be at least 16 tokens, got {s.n_ctx}")
     if s.n_threads is not None and s.n_threads < 1:
         raise ConfigError(f"n_threads must be at least 1, got {s.n_threads}")
+    if s.max_loaded_models < 1:
+        raise ConfigError(f"max_loaded_models must be at least 1, got {s.max_loaded_models}")
+    if s.memory_budget_mb is not None and s.memory_budget_mb < 1:
+        raise ConfigError(f"memory_budget_mb must be at least 1, got {s.memory_budget_mb}")
     if s.max_queue < 1:
         raise ConfigError(f"max_queue must be at least 1, got {s.max_queue}")
     if not 0 <= s.stream_interval_ms <= 1000:

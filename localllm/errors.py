@@ -143,3 +143,34 @@ class ConfigError(LocalLLMError):
     """A configuration file or environment value that cannot be used."""
 
     code = "config_error"
+
+
+class ModelTooLarge(LocalLLMError):
+    """Loading a model would take more memory than is free (unless forced)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "model_too_large"
+    param = "model"
+
+    def __init__(
+        self, name: str, need_text: str, need: int, free_text: str, free: int, hint: str
+    ) -> None:
+        super().__init__(
+            f"Model '{name}' needs {need_text}, but only {free_text}. Try {hint}; "
+            "or load it anyway with --force (force_load = true)."
+        )
+        self.name, self.need, self.free, self.hint = name, need, free, hint
+
+
+class DownloadFailed(LocalLLMError):
+    """A pull that could not complete: a missing or gated repository, the network, the disk."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "download_failed"
+
+    def __init__(self, repo: str, reason: str) -> None:
+        super().__init__(f"Cannot pull {repo}: {reason}")
+        self.repo = repo
+        self.reason = reason

@@ -21,3 +21,25 @@ def available_memory() -> int:
 def process_memory() -> int:
     """Resident set size of this process in bytes."""
     return int(psutil.Process().memory_info().rss)
+
+
+def gpu_free_memory() -> tuple[str, int] | None:
+    """(name, free bytes) of the first NVIDIA GPU, from nvidia-smi; None where there is none."""
+    import shutil
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=name,memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout
+        name, free_mib = out.splitlines()[0].rsplit(",", 1)
+        return name.strip(), int(free_mib.strip()) * 1024 * 1024
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None

@@ -92,6 +92,14 @@ class LlamaCppBackend:
         return LlamaCppModel(ref, options)
 
 
+def gpu_offload() -> bool:
+    """Whether this llama.cpp build can put layers on a GPU."""
+    try:
+        return bool(_ll().llama_supports_gpu_offload())
+    except ImportError:
+        return False
+
+
 class LlamaCppModel:
     """A GGUF model and its context. Not thread-safe: the engine worker is its only user."""
 

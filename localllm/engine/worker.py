@@ -4,7 +4,8 @@
 `Engine.generate()` is the same for synchronous callers such as the CLI. Requests
 run one at a time in arrival order, up to `max_queue` outstanding; past that,
 `ServerBusy`. Closing a stream sets its cancel flag, which the backend reads
-between tokens. A request naming another local model swaps the loaded model.
+between tokens. A request naming another local model loads it beside the default
+one (see `Engine`).
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
-from localllm.backends import Plan, plan, prepare
+from localllm.backends import Plan, apple_silicon, plan, prepare
 from localllm.backends.base import (
     Chunk,
     GenerationStats,
@@ -39,6 +42,7 @@ from localllm.errors import (
     LocalLLMError,
     ModelLoadError,
 )
+from localllm.models import fit
 from localllm.models.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -58,6 +62,8 @@ class Request:
     model: str | None = None  # None: whatever is loaded
     # a chat longer than the context: "error" (ContextOverflow) or "truncate-oldest"
     context_policy: str = "error"
+    # seconds an on-demand model stays loaded after this request (None: the setting's)
+    keep_alive: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,16 +216,40 @@ class ChunkStream:
         self.cancel()
 
 
+@dataclass(slots=True)
+class Resident:
+    """A loaded model and what the engine knows about it."""
+
+    ref: ModelRef
+    model: LoadedModel
+    loaded_with: str  # the backend preference it loaded with: auto | llamacpp | mlx
+    cache_key: str  # its prompt-cache identity
+    need: int  # the estimated bytes it takes
+    keep_alive: float | None  # idle seconds before it unloads; None: never
+    loaded_at: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    requests: int = 0
+
+
 class Engine:
-    """Owns the worker thread and the loaded model."""
+    """Owns the worker thread and the loaded models.
+
+    One model is the default (the one loaded with `load()`: what the chat and requests
+    without a model use); it stays until another replaces it. A request naming
+    another local model loads it on demand beside the default; such a model unloads
+    after `keep_alive_s` idle seconds, or sooner to make room: at most
+    `max_loaded_models` stay loaded, and a load that would not fit in free memory (or
+    `memory_budget_mb`) first unloads the least recently used others, then is refused
+    with the numbers unless `force_load` is set.
+    """
 
     def __init__(self, settings: Settings, store: ModelStore | None = None) -> None:
         self.settings = settings
         self.store = store or ModelStore.from_settings(settings)
         self.state: State = "idle"
         self.last_error: str | None = None
-        self._model: LoadedModel | None = None
-        self._ref: ModelRef | None = None
+        self._resident: dict[Path, Resident] = {}
+        self._default: Resident | None = None
         self.cache = PromptCache(
             settings.prompt_cache_ram_mb * 1024 * 1024
             if settings.prompt_cache_ram_mb is not None
@@ -228,22 +258,30 @@ class Engine:
             settings.prompt_cache_disk_mb * 1024 * 1024,
         )
         self._backend = settings.backend  # the preference models load with
-        self._loaded_with: str | None = None  # the preference the current model loaded with
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._outstanding = 0
         self._lock = threading.Lock()
-        self.totals = {"requests": 0, "cancelled": 0, "prompt_tokens": 0, "generated_tokens": 0}
+        self.totals = {
+            "requests": 0,
+            "cancelled": 0,
+            "prompt_tokens": 0,
+            "generated_tokens": 0,
+            "loads": 0,
+            "unloads": 0,
+        }
         self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
         self._thread.start()
 
     # -- information -------------------------------------------------------------
     @property
     def model_info(self) -> ModelInfo | None:
-        return self._model.info if self._model is not None else None
+        """The default model's description."""
+        return self._default.model.info if self._default is not None else None
 
     @property
     def model_ref(self) -> ModelRef | None:
-        return self._ref
+        """The default model."""
+        return self._default.ref if self._default is not None else None
 
     @property
     def backend_preference(self) -> str:
@@ -254,6 +292,31 @@ class Engine:
     def outstanding(self) -> int:
         return self._outstanding
 
+    def resident(self) -> list[dict[str, Any]]:
+        """The loaded models, default first, for /health and `localllm ps` (any thread)."""
+        now = time.monotonic()
+        rows = []
+        default = self._default
+        for res in sorted(list(self._resident.values()), key=lambda r: r is not default):
+            info = res.model.info
+            expires = None
+            if res is not default and res.keep_alive is not None:
+                expires = round(max(0.0, res.keep_alive - (now - res.last_used)), 1)
+            rows.append(
+                {
+                    "model": res.ref.name,
+                    "default": res is default,
+                    "backend": info.backend,
+                    "device": info.device,
+                    "n_ctx": info.n_ctx,
+                    "memory_bytes": res.need,
+                    "idle_s": round(now - res.last_used, 1),
+                    "expires_in_s": expires,
+                    "requests": res.requests,
+                }
+            )
+        return rows
+
     # -- loading -----------------------------------------------------------------
     def load(
         self,
@@ -263,8 +326,9 @@ class Engine:
         n_ctx: int | None = None,
         backend: str | None = None,
     ) -> ModelInfo:
-        """Load a model (a reference, or a name to resolve) now, blocking, replacing the current
-        one; n_ctx and backend (auto | llamacpp | mlx) override the settings."""
+        """Make a model (a reference, or a name to resolve) the default, loading it now,
+        blocking; n_ctx and backend (auto | llamacpp | mlx) override the settings. The
+        previous default stays loaded as an on-demand model while it is within limits."""
         ref = (
             model
             if isinstance(model, ModelRef)
@@ -284,8 +348,8 @@ class Engine:
         item = done.get()
         if isinstance(item, BaseException):
             raise item
-        assert self._model is not None
-        return self._model.info
+        assert self._default is not None
+        return self._default.model.info
 
     def _ensure_loaded(
         self,
@@ -293,23 +357,47 @@ class Engine:
         progress: Callable[[float], None] | None = None,
         n_ctx: int | None = None,
         backend: str | None = None,
-    ) -> LoadedModel:
+        *,
+        default: bool = False,
+        keep_alive: float | None = None,
+    ) -> Resident:
+        """The resident model for `ref`, loading it if needed; it becomes the model the
+        prompt cache serves."""
         if backend is not None:
             self._backend = backend
-        model = self._model
-        same_file = model is not None and self._ref is not None and self._ref.path == ref.path
-        same_backend = self._loaded_with == self._backend
-        if model is not None and same_file and same_backend and n_ctx in (None, model.info.n_ctx):
-            return model
-        if self._model is not None:
-            log.info("unloading %s", self._ref.name if self._ref else "?")
-            self.cache.park_live()
-            self.cache.attach(None, None)
-            self._model.close()
-            self._model, self._ref = None, None
+        res = self._resident.get(ref.path)
+        if res is not None and (
+            res.loaded_with != self._backend or n_ctx not in (None, res.model.info.n_ctx)
+        ):
+            self._unload(res)
+            res = None
+        if res is None:
+            res = self._load(ref, progress, n_ctx)
+        if default and self._default is not res:
+            old, self._default = self._default, res
+            if old is not None:
+                old.keep_alive = self._keep_alive(None)
+                old.last_used = time.monotonic()
+        if keep_alive is not None and res is not self._default:
+            res.keep_alive = self._keep_alive(keep_alive)
+        res.last_used = time.monotonic()
+        self.cache.attach(res.model, res.cache_key)
+        return res
+
+    def _keep_alive(self, seconds: float | None) -> float | None:
+        """A keep-alive in seconds (the setting's when None); negative: forever."""
+        value = self.settings.keep_alive_s if seconds is None else seconds
+        return None if value < 0 else float(value)
+
+    def _load(
+        self, ref: ModelRef, progress: Callable[[float], None] | None, n_ctx: int | None
+    ) -> Resident:
+        n = n_ctx or self.settings.n_ctx
+        need = self._estimate(ref, n)
+        self._make_room(need)
         self.state = "loading"
         options = LoadOptions(
-            n_ctx=n_ctx or self.settings.n_ctx,
+            n_ctx=n,
             n_threads=self.settings.n_threads,
             n_gpu_layers=self.settings.n_gpu_layers,
             progress=progress,
@@ -322,15 +410,89 @@ class Engine:
         except Exception as exc:  # a native library failing in an unexpected way
             self.state, self.last_error = "error", str(exc)
             raise ModelLoadError(str(ref.path), str(exc)) from exc
-        self.cache.attach(model, model_key(target, model, _kv_type(model.info)))
         extra = {**model.info.extra, "backend_reason": reason}
         model.info = dataclasses.replace(model.info, id=ref.name, extra=extra)
-        self._model, self._ref, self._loaded_with = model, ref, self._backend
+        key = model_key(target, model, _kv_type(model.info))
+        res = Resident(ref, model, self._backend, key, need.total, self._keep_alive(None))
+        self._resident[ref.path] = res
+        self.totals["loads"] += 1
         self.state, self.last_error = "ready", None
         log.info(
-            "loaded %s on %s (%s): %s", ref.name, model.info.backend, model.info.device, reason
+            "loaded %s on %s (%s): %s; needs %s",
+            ref.name,
+            model.info.backend,
+            model.info.device,
+            reason,
+            need.text(),
         )
-        return model
+        return res
+
+    def _estimate(self, ref: ModelRef, n_ctx: int | None) -> fit.Estimate:
+        on_mlx = self._backend == "mlx" or ref.format == "mlx"
+        scale = 2 if on_mlx and not apple_silicon() else 1  # MLX on a CPU keeps f32 KV
+        return fit.estimate(ref, n_ctx, kv_scale=scale)
+
+    def _free(self) -> fit.Free:
+        from localllm.backends.llamacpp import gpu_offload
+
+        return fit.free_memory(gpu_offload=self.settings.n_gpu_layers != 0 and gpu_offload())
+
+    def _make_room(self, need: fit.Estimate) -> None:
+        """Refuse (unless forced) a load that would not fit even with every other model
+        unloaded; otherwise unload least recently used models (the default last) until it
+        fits beside the rest, within max_loaded_models and memory."""
+        s = self.settings
+        budget = s.memory_budget_mb * 1024 * 1024 if s.memory_budget_mb is not None else None
+        free = self._free()
+        held = sum(r.need for r in self._resident.values())
+        room = fit.Free(free.bytes + held, free.where)
+        if budget is not None and budget < room.bytes:
+            room = fit.Free(budget, "of memory_budget_mb")
+        if not fit.fits(need, room):
+            if not s.force_load:
+                raise fit.refusal(need, room)
+            log.warning(
+                "loading %s anyway (force_load): needs %s, %s", need.name, need.text(), room.text()
+            )
+        order = sorted(self._resident.values(), key=lambda r: (r is self._default, r.last_used))
+        freed = 0
+
+        def short() -> bool:
+            held = sum(r.need for r in self._resident.values())
+            over_budget = budget is not None and need.total + held > budget
+            return over_budget or need.total > free.bytes + freed
+
+        while order and (len(self._resident) >= s.max_loaded_models or short()):
+            res = order.pop(0)
+            freed += res.need
+            self._unload(res)
+
+    def _unload(self, res: Resident) -> None:
+        log.info("unloading %s", res.ref.name)
+        try:
+            self.cache.release(res.cache_key)
+        except Exception:
+            log.exception("could not save %s's live KV state", res.ref.name)
+        self.totals["unloads"] += 1  # first: a reader that sees it gone sees it counted
+        self._resident.pop(res.ref.path, None)
+        if self._default is res:
+            self._default = None
+        res.model.close()
+
+    def _expire(self) -> float | None:
+        """Unload on-demand models idle past their keep-alive; seconds until the next expiry."""
+        now = time.monotonic()
+        soonest: float | None = None
+        for res in list(self._resident.values()):
+            if res is self._default or res.keep_alive is None:
+                continue
+            left = res.keep_alive - (now - res.last_used)
+            if left <= 0:
+                log.info("%s idle for %.0f s: unloading", res.ref.name, now - res.last_used)
+                self._unload(res)
+            elif soonest is None or left < soonest:
+                soonest = left
+        return soonest
 
     def _load_with_backend(
         self, ref: ModelRef, options: LoadOptions
@@ -356,9 +518,9 @@ class Engine:
     def _resolve(self, request: Request) -> ModelRef | None:
         if request.model is None:
             return None
-        current = self._ref
-        if current is not None and request.model in (current.name, str(current.path)):
-            return current  # the loaded model, whatever the store would make of its name
+        for res in list(self._resident.values()):
+            if request.model in (res.ref.name, str(res.ref.path)):
+                return res.ref  # a loaded model, whatever the store would make of its name
         return self.store.resolve(request.model)
 
     def _enqueue(self, job: _Job) -> None:
@@ -405,8 +567,13 @@ class Engine:
 
     # -- the worker thread ---------------------------------------------------------
     def _run(self) -> None:
+        wait: float | None = None
         while True:
-            job = self._jobs.get()
+            try:
+                job = self._jobs.get(timeout=wait)
+            except queue.Empty:
+                wait = self._expire()
+                continue
             if job is None:
                 break
             try:
@@ -419,29 +586,37 @@ class Engine:
             finally:
                 with self._lock:
                     self._outstanding -= 1
-        if self._model is not None:
-            try:
-                self.cache.park_live()  # to disk: a restart picks the conversation up again
-            except Exception:
-                log.exception("could not save the live KV state at shutdown")
-            self._model.close()
-            self._model = None
+            wait = self._expire()
+        for res in list(self._resident.values()):
+            self._unload(res)  # saves each live state to disk: a restart picks it up again
 
     def _serve(self, job: _Job) -> None:
         request = job.request
         if job.load_only:
             assert job.ref is not None
-            self._ensure_loaded(job.ref, job.progress, job.n_ctx, job.backend)
+            self._ensure_loaded(job.ref, job.progress, job.n_ctx, job.backend, default=True)
             job.emit(_END)
             return
-        ref = job.ref or self._ref or self.store.resolve(self.settings.model)
+        default = self._default
+        ref = job.ref or (default.ref if default else self.store.resolve(self.settings.model))
         if job.cancel.is_set():  # abandoned while it waited: end it the usual way
             job.emit(Started(model=ref.name, prompt_tokens=0))
             stats = GenerationStats(0, 0, 0, 0.0, 0.0)
             job.emit(Chunk("", (), finish_reason="cancelled", stats=stats))
             job.emit(_END)
             return
-        model = self._ensure_loaded(ref)
+        res = self._ensure_loaded(
+            ref, default=default is None and job.ref is None, keep_alive=request.keep_alive
+        )
+        model = res.model
+        res.requests += 1
+        try:
+            self._generate(job, ref, model)
+        finally:
+            res.last_used = time.monotonic()
+
+    def _generate(self, job: _Job, ref: ModelRef, model: LoadedModel) -> None:
+        request = job.request
         tokens, dropped, before = fit_prompt(model, request)
         started: Started | None = Started(ref.name, len(tokens), dropped, before)
         self.totals["requests"] += 1

@@ -41,6 +41,28 @@ class ChatMessage(_Wire):
         return Message(role=role, content=text)
 
 
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: float | str) -> float:
+    """Seconds from a number or a duration such as "90s", "5m", "1h", "-1"."""
+    if isinstance(value, int | float):
+        return float(value)
+    text = value.strip().lower()
+    for unit in sorted(_UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            number = text[: -len(unit)]
+            break
+    else:
+        unit, number = "s", text
+    try:
+        return float(number) * _UNITS[unit]
+    except ValueError:
+        raise ValueError(
+            f"keep_alive must be seconds or a duration like '5m', got {value!r}"
+        ) from None
+
+
 class StreamOptions(_Wire):
     include_usage: bool = False
 
@@ -58,6 +80,14 @@ class SamplingFields(_Wire):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1)
+    # extension: how long an on-demand model stays loaded after this request, like
+    # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
+    keep_alive: float | str | None = None
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _check_keep_alive(cls, v: float | str | None) -> float | None:
+        return None if v is None else parse_duration(v)
 
     @field_validator("stop")
     @classmethod

@@ -56,6 +56,11 @@ async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
     return "".join(parts), final
 
 
+def _keep_alive(body: wire.SamplingFields) -> float | None:
+    value = body.keep_alive
+    return float(value) if value is not None else None
+
+
 def _interval(request: Request) -> float:
     settings: Settings = request.app.state.settings
     return settings.stream_interval_ms / 1000.0
@@ -99,7 +104,13 @@ async def chat_completions(
 ) -> JSONResponse | StreamingResponse:
     messages = [m.to_message() for m in body.messages]
     policy = request.app.state.settings.context_policy
-    req = EngineRequest(body.sampling(), messages=messages, model=body.model, context_policy=policy)
+    req = EngineRequest(
+        body.sampling(),
+        messages=messages,
+        model=body.model,
+        context_policy=policy,
+        keep_alive=_keep_alive(body),
+    )
     return await _respond(request, body, req, wire.ChatShapes)
 
 
@@ -110,10 +121,18 @@ async def completions(
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         tokens = [int(t) for t in prompt]
-        req = EngineRequest(body.sampling(), prompt_tokens=tokens, model=body.model)
+        req = EngineRequest(
+            body.sampling(), prompt_tokens=tokens, model=body.model, keep_alive=_keep_alive(body)
+        )
     else:
         text = prompt[0] if isinstance(prompt, list) else prompt
-        req = EngineRequest(body.sampling(), prompt=str(text), suffix=body.suffix, model=body.model)
+        req = EngineRequest(
+            body.sampling(),
+            prompt=str(text),
+            suffix=body.suffix,
+            model=body.model,
+            keep_alive=_keep_alive(body),
+        )
     return await _respond(request, body, req, wire.TextShapes)
 
 
@@ -121,9 +140,9 @@ async def completions(
 async def list_models(request: Request) -> JSONResponse:
     engine = _engine(request)
     names = engine.store.names()
-    loaded = engine.model_ref
-    if loaded is not None and loaded.name not in names:
-        names.insert(0, loaded.name)
+    for row in reversed(engine.resident()):
+        if row["model"] not in names:
+            names.insert(0, row["model"])
     return JSONResponse(wire.model_list(names, wire.now()))
 
 
@@ -137,6 +156,7 @@ async def health(request: Request) -> JSONResponse:
         "queued": engine.outstanding,
         "totals": dict(engine.totals),
         "prompt_cache": engine.cache.stats(),
+        "models": engine.resident(),
     }
     if engine.last_error:
         body["error"] = engine.last_error

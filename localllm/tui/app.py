@@ -550,7 +550,10 @@ class ChatApp(App[None]):
         refs = self.engine.store.models()
         rows = await asyncio.to_thread(lambda: [describe(r) for r in refs])
         current = self.engine.model_ref.name if self.engine.model_ref else None
-        picker = ModelPicker(rows, available_memory(), current, show_free=self.live_status)
+        loaded = frozenset(str(row["model"]) for row in self.engine.resident())
+        picker = ModelPicker(
+            rows, available_memory(), current, show_free=self.live_status, loaded=loaded
+        )
         choice = await self.push_screen_wait(picker)
         if choice is not None and choice.name != current:
             if self.generating:

@@ -85,20 +85,6 @@ def test_errors_reach_the_caller_typed(engine: Engine):
     assert err.value.n_ctx == 4096 and err.value.prompt_tokens > 4096
 
 
-def test_request_naming_another_model_swaps(engine: Engine, store: ModelStore,
-                                            starter_ref: ModelRef):
-    store.models_dir.mkdir(parents=True)
-    (store.models_dir / "twin.gguf").symlink_to(starter_ref.path)
-    list(engine.generate(ask("Hi", max_tokens=2)))
-    assert engine.model_ref is not None and engine.model_ref.name == "starter"
-    twin = Request(SamplingParams(temperature=0.0, max_tokens=2),
-                   messages=[Message("user", "Hi")], model="twin")
-    list(engine.generate(twin))
-    assert engine.model_ref.name == "twin"
-    list(engine.generate(ask("Hi", max_tokens=2)))  # no model named: stays on twin
-    assert engine.model_ref.name == "twin"
-
-
 class _Crashy:
     """A scripted model whose stream fails after two tokens: the case a real model can't stage."""
 

