@@ -41,7 +41,8 @@ def one_batch(
     arr = (ll.llama_token * len(tokens))(*tokens)
     if ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, len(tokens))) != 0:
         raise RuntimeError("decode failed")
-    self._kv_tokens.extend(tokens)
+    self._kv.tokens.extend(tokens)
+    self._kv.canonical = len(self._kv.tokens)  # and call all of it reusable
     return True
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from localllm.backends.base import ModelRef
 from localllm.cli_common import EXIT_USAGE, device_of, progress_printer
 from localllm.config import Settings
 from localllm.errors import LocalLLMError
+from localllm.models import fit
 
 
 def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
@@ -27,9 +29,7 @@ def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
         rows.append(
             (ref.name, ref.format, params, quant, format_bytes(ref.size_bytes), ctx, ref.source)
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_table(rows)
     return 0
 
 
@@ -52,6 +52,8 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         backend_line, device = f"none: {exc.message}", ""
     if device == "cpu" and backend_line.startswith("mlx"):
         kv_per_token, kv_type = kv_per_token * 2, "f32"  # MLX computes in f32 on a CPU
+    kv_scale = 2 if kv_type == "f32" else 1
+    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)
     fim = "yes" if meta.fim_ids else "no"
     fields = [
         ("name", ref.name),
@@ -73,7 +75,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
             f"{format_bytes(kv_per_token * n_ctx)} at {n_ctx} tokens",
         ),
         ("prompt cache", _cache_capacity(settings, kv_per_token)),
-        ("memory", _memory_line(settings, ref, n_ctx, 2 if kv_type == "f32" else 1)),
+        ("memory", _memory_line(settings, need)),
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
     ]
@@ -104,12 +106,10 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _memory_line(settings: Settings, ref: ModelRef, n_ctx: int, kv_scale: int) -> str:
-    """The estimate for a load at n_ctx against free memory, and a way out if it won't fit."""
+def _memory_line(settings: Settings, need: fit.Estimate) -> str:
+    """An estimate against free memory, and a way out if it won't fit."""
     from localllm.backends.llamacpp import gpu_offload
-    from localllm.models import fit
 
-    need = fit.estimate(ref, n_ctx, kv_scale=kv_scale)
     offload = settings.n_gpu_layers != 0 and gpu_offload()
     free = fit.free_memory(gpu_offload=offload, budget_mb=settings.memory_budget_mb)
     if fit.fits(need, free):
@@ -240,7 +240,7 @@ def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:
-    from localllm.models import fit, hub
+    from localllm.models import hub
     from localllm.models.gguf import format_bytes
 
     plan = hub.plan_pull(args.repo, name=args.name, revision=args.revision)
@@ -261,7 +261,7 @@ def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:
         smaller = [
             f"{plan.repo}:{label} ({format_bytes(size)})"
             for label, size in plan.others
-            if size + need.kv + fit.BUFFER_BASE + size // 20 <= free.bytes
+            if fit.fits(need.with_weights(size), free)
         ]
         if not args.force:
             hint = f"; these would: {', '.join(smaller)}" if smaller else ""
@@ -278,30 +278,34 @@ def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_loaded(models: list[dict[str, object]]) -> None:
+def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
+    """Rows under a header row, in columns."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _print_loaded(models: list[dict[str, Any]]) -> None:
     """The loaded models as a table, like `docker ps`."""
     from localllm.models.gguf import format_bytes
 
+    if not models:
+        print("No model is loaded.\n")
+        return
     rows = [("NAME", "BACKEND", "CONTEXT", "MEMORY", "IDLE", "UNLOADS IN")]
     for m in models:
-        expires = m.get("expires_in_s")
         until = "never (default)" if m.get("default") else "never"
-        if expires is not None:
-            until = f"{float(str(expires)):.0f} s"
+        if m.get("expires_in_s") is not None:
+            until = f"{m['expires_in_s']:.0f} s"
         rows.append(
             (
                 str(m.get("model")),
                 f"{m.get('backend')} {m.get('device')}",
                 str(m.get("n_ctx")),
-                format_bytes(int(str(m.get("memory_bytes") or 0))),
-                f"{float(str(m.get('idle_s') or 0)):.0f} s",
+                format_bytes(int(m.get("memory_bytes") or 0)),
+                f"{m.get('idle_s') or 0:.0f} s",
                 until,
             )
         )
-    if len(rows) == 1:
-        print("No model is loaded.\n")
-        return
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    _print_table(rows)
     print()

@@ -38,9 +38,10 @@ class Repo:
 @dataclass
 class HubServer:
     repos: dict[str, Repo] = field(default_factory=dict)
-    cut_after: dict[str, int] = field(default_factory=dict)  # path -> bytes, once each
+    cut_after: dict[str, int] = field(default_factory=dict)  # path -> bytes, once, whole GETs
     stall_after: dict[str, int] = field(default_factory=dict)  # path -> bytes, then hang
     altered: set[str] = field(default_factory=set)  # paths served with one byte changed
+    ignore_range: set[str] = field(default_factory=set)  # paths always sent whole (200)
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Range
     _meta: dict[tuple[str, str], dict] = field(default_factory=dict)
     stop_stalling: threading.Event = field(default_factory=threading.Event)
@@ -144,6 +145,8 @@ class HubServer:
         size = int(meta["size"])
         start, end = 0, size - 1
         match = _RANGE.fullmatch(h.headers.get("Range") or "")
+        if file in self.ignore_range:
+            match = None
         if match:
             start = int(match.group(1))
             end = min(int(match.group(2)), size - 1) if match.group(2) else size - 1
@@ -163,7 +166,7 @@ class HubServer:
             return
         count = end - start + 1
         cut = self.cut_after.get(file)
-        if cut is not None and cut < count:
+        if cut is not None and cut < count and not h.headers.get("Range"):
             del self.cut_after[file]  # once
         else:
             cut = None

@@ -48,6 +48,44 @@ def extends_canonical(canonical: int, start: int, lo: int, hi: int) -> int:
     return canonical
 
 
+class KVLedger:
+    """The tokens a backend's live KV cache holds, and how many lead it exactly: the
+    `canonical` prefix, evaluated in whole aligned prompt blocks as a cold run evaluates
+    them (only that part is ever reused). Each backend keeps one beside its native cache."""
+
+    __slots__ = ("canonical", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens: list[int] = []  # generation appends to this list in place
+        self.canonical = 0
+
+    def clear(self) -> None:
+        self.tokens.clear()
+        self.canonical = 0
+
+    def prefix(self) -> list[int]:
+        """The exactly reusable tokens."""
+        return self.tokens[: self.canonical]
+
+    def reusable(self, prompt: Sequence[int]) -> int:
+        return reusable_prefix(self.prefix(), prompt)
+
+    def evaluated(self, part: Sequence[int], start: int, lo: int, hi: int) -> None:
+        """A prompt batch [start+lo, start+hi) went into the cache."""
+        self.tokens.extend(part)
+        self.canonical = extends_canonical(self.canonical, start, lo, hi)
+
+    def cut(self, n: int) -> None:
+        """The native cache now keeps only its first n positions."""
+        del self.tokens[n:]
+        self.canonical = min(self.canonical, n)
+
+    def restored(self, tokens: Sequence[int]) -> None:
+        """A saved state, all of it canonical, replaced the cache."""
+        self.tokens[:] = tokens
+        self.canonical = len(self.tokens)
+
+
 def batch_bounds(start: int, n_tokens: int) -> list[int]:
     """Cut points for evaluating `n_tokens` prompt tokens that follow `start` cached ones."""
     if n_tokens <= 1:

@@ -32,12 +32,11 @@ from localllm.backends.base import (
     default_n_ctx,
 )
 from localllm.backends.common import (
+    KVLedger,
     batch_bounds,
     chat_tokens,
     check_request,
-    extends_canonical,
     final_chunk,
-    reusable_prefix,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
@@ -143,8 +142,7 @@ class LlamaCppModel:
             raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens")
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        self._kv_tokens: list[int] = []
-        self._canonical = 0  # leading KV positions evaluated as a cold run would (see common)
+        self._kv = KVLedger()
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (ll.llama_token * 1)()
@@ -248,7 +246,7 @@ class LlamaCppModel:
     def _decode(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
         """Evaluate tokens after the cached ones (see common.ALIGN); False when cancelled."""
         ll = self._ll
-        start = len(self._kv_tokens)
+        start = len(self._kv.tokens)
         for lo, hi in itertools.pairwise(batch_bounds(start, len(tokens))):
             if lo and should_stop():
                 return False
@@ -258,42 +256,39 @@ class LlamaCppModel:
             if rc != 0:
                 self._reset_kv()
                 raise LocalLLMError(f"llama_decode failed with code {rc} at prompt token {lo}")
-            self._kv_tokens.extend(part)
-            self._canonical = extends_canonical(self._canonical, start, lo, hi)
+            self._kv.evaluated(part, start, lo, hi)
         return True
 
     def _reset_kv(self) -> None:
         self._ll.llama_memory_clear(self._mem, True)
-        self._kv_tokens = []
-        self._canonical = 0
+        self._kv.clear()
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Drop the cached tokens past the reusable prefix; return how many stay."""
-        n = reusable_prefix(self._kv_tokens[: self._canonical], prompt)
+        n = self._kv.reusable(prompt)
         return n if self._truncate(n) else 0
 
     def _truncate(self, n: int) -> bool:
         """Keep the first n KV positions; False (and an empty cache) if llama.cpp cannot."""
-        if n < len(self._kv_tokens):
+        if n < len(self._kv.tokens):
             if not self._ll.llama_memory_seq_rm(self._mem, 0, n, -1):
                 self._reset_kv()
                 return n == 0
-            del self._kv_tokens[n:]
-            self._canonical = min(self._canonical, n)
+            self._kv.cut(n)
         return True
 
     # -- KV states -------------------------------------------------------------------
     def kv_prefix(self) -> list[int]:
-        return self._kv_tokens[: self._canonical]
+        return self._kv.prefix()
 
     def save_kv(self) -> KVSnapshot:
         ll = self._ll
-        self._truncate(self._canonical)
+        self._truncate(self._kv.canonical)
         size = int(ll.llama_state_seq_get_size(self._ctx, 0))
         buf = (ctypes.c_uint8 * size)()
         n = int(ll.llama_state_seq_get_data(self._ctx, buf, size, 0))
         data = ctypes.string_at(buf, n)
-        return KVSnapshot(tuple(self._kv_tokens), len(data), data)
+        return KVSnapshot(tuple(self._kv.tokens), len(data), data)
 
     def load_kv(self, snapshot: KVSnapshot) -> bool:
         ll = self._ll
@@ -303,8 +298,7 @@ class LlamaCppModel:
         if not ll.llama_state_seq_set_data(self._ctx, buf, len(data), 0):
             self._reset_kv()
             return False
-        self._kv_tokens = list(snapshot.tokens)
-        self._canonical = len(self._kv_tokens)
+        self._kv.restored(snapshot.tokens)
         return True
 
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
@@ -370,7 +364,7 @@ class LlamaCppModel:
             if params.max_tokens is not None:
                 limit = min(params.max_tokens, n_ctx_left)
             text = TextAssembler(params.stop)
-            eog, one, kv = self.info.eog_ids, self._one, self._kv_tokens
+            eog, one, kv = self.info.eog_ids, self._one, self._kv.tokens
             generated, t_first = 0, t0
             finish: FinishReason = "length"
             while generated < limit:

@@ -37,12 +37,11 @@ from localllm.backends.base import (
     default_n_ctx,
 )
 from localllm.backends.common import (
+    KVLedger,
     batch_bounds,
     chat_tokens,
     check_request,
-    extends_canonical,
     final_chunk,
-    reusable_prefix,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
@@ -145,8 +144,7 @@ class MlxModel:
         self._tok = tokenizer
         self._make_cache = lambda: make_prompt_cache(model)
         self._cache: list[Any] = self._make_cache()
-        self._kv_tokens: list[int] = []
-        self._canonical = 0  # leading KV positions evaluated as a cold run would (see common)
+        self._kv = KVLedger()
         self._tok_config = _read_json(folder / "tokenizer_config.json")
         self._pieces = self._piece_table(folder)
         self.info = self._describe(ref, folder, config, options)
@@ -263,39 +261,38 @@ class MlxModel:
     # -- generation ----------------------------------------------------------------
     def _reset_kv(self) -> None:
         self._cache = self._make_cache()
-        self._kv_tokens = []
-        self._canonical = 0
+        self._kv.clear()
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Drop the cached tokens past the reusable prefix; return how many stay."""
-        n = reusable_prefix(self._kv_tokens[: self._canonical], prompt)
+        n = self._kv.reusable(prompt)
         return n if self._truncate(n) else 0
 
     def _truncate(self, n: int) -> bool:
-        extra = len(self._kv_tokens) - n
+        """Keep the first n KV positions; False (and an empty cache) if a layer cannot."""
+        extra = len(self._kv.tokens) - n
         if extra > 0:
             if not all(c.is_trimmable() for c in self._cache):
                 self._reset_kv()
                 return n == 0
             for c in self._cache:
                 c.trim(extra)
-            del self._kv_tokens[n:]
-            self._canonical = min(self._canonical, n)
+            self._kv.cut(n)
         return True
 
     # -- KV states -------------------------------------------------------------------
     def kv_prefix(self) -> list[int]:
-        return self._kv_tokens[: self._canonical]
+        return self._kv.prefix()
 
     def save_kv(self) -> KVSnapshot:
         mx = self._mx
-        if not self._truncate(self._canonical) or not self._kv_tokens:
+        if not self._truncate(self._kv.canonical) or not self._kv.tokens:
             return KVSnapshot((), 0, [])
-        n = len(self._kv_tokens)
+        n = len(self._kv.tokens)
         layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in self._cache]
         mx.eval(layers)  # arrays never change once computed: later decoding cannot alter these
         nbytes = sum(k.nbytes + v.nbytes for k, v in layers)
-        return KVSnapshot(tuple(self._kv_tokens), nbytes, layers)
+        return KVSnapshot(tuple(self._kv.tokens), nbytes, layers)
 
     def load_kv(self, snapshot: KVSnapshot) -> bool:
         self._reset_kv()
@@ -308,8 +305,7 @@ class MlxModel:
                 self._reset_kv()
                 return False
             c.keys, c.values, c.offset = k, v, n
-        self._kv_tokens = list(snapshot.tokens)
-        self._canonical = n
+        self._kv.restored(snapshot.tokens)
         return True
 
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
@@ -364,15 +360,14 @@ class MlxModel:
     def _prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
         """Evaluate all but the last prompt token in aligned batches; False when cancelled."""
         mx = self._mx
-        start = len(self._kv_tokens)
+        start = len(self._kv.tokens)
         bounds = batch_bounds(start, len(tokens) + 1)[:-1]
         for lo, hi in itertools.pairwise(bounds):
             if lo and should_stop():
                 return False
             self._model(mx.array(tokens[lo:hi])[None], cache=self._cache)
             mx.eval([c.state for c in self._cache])
-            self._kv_tokens.extend(tokens[lo:hi])
-            self._canonical = extends_canonical(self._canonical, start, lo, hi)
+            self._kv.evaluated(tokens[lo:hi], start, lo, hi)
         return True
 
     def _sampler(self, params: SamplingParams, prompt: Sequence[int]) -> Callable[[Any], Any]:
@@ -435,7 +430,7 @@ class MlxModel:
             self._reset_kv()
             raise LocalLLMError(f"MLX failed while reading the prompt: {exc}") from exc
         sample = self._sampler(params, prompt)
-        cache, kv = self._cache, self._kv_tokens
+        cache, kv = self._cache, self._kv.tokens
 
         def step(tokens: Any) -> Any:
             logits = model(tokens[None], cache=cache)[:, -1, :]
@@ -482,7 +477,7 @@ class MlxModel:
 
     def close(self) -> None:
         self._cache = []
-        self._kv_tokens = []
+        self._kv.clear()
         self._model = None
         with contextlib.suppress(AttributeError):  # older MLX has no clear_cache
             self._mx.clear_cache()

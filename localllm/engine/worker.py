@@ -1,4 +1,4 @@
-"""One thread owns one loaded model; clients submit requests and read chunks.
+"""One thread owns the loaded models; clients submit requests and read chunks.
 
 `Engine.submit()` returns a `ChunkStream` (an async iterator) for the event loop;
 `Engine.generate()` is the same for synchronous callers such as the CLI. Requests
@@ -16,8 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -35,6 +34,7 @@ from localllm.backends.base import (
 )
 from localllm.config import Settings
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
+from localllm.engine.stream import END, ChunkStream, Started
 from localllm.errors import (
     ContextOverflow,
     FimUnsupported,
@@ -66,20 +66,6 @@ class Request:
     keep_alive: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Started:
-    """Sent once a request's prompt is rendered and fits: the stream will now produce chunks."""
-
-    model: str
-    prompt_tokens: int
-    dropped_messages: int = 0  # by the truncate-oldest policy
-    prompt_tokens_before: int = 0  # the prompt's length before those were dropped
-
-
-_END = object()
-_TIMEOUT = object()
-
-
 @dataclass(slots=True)
 class _Job:
     request: Request
@@ -92,130 +78,6 @@ class _Job:
     backend: str | None = None  # with load_only: auto | llamacpp | mlx (None: as before)
 
 
-class ChunkStream:
-    """Async iterator over a request's chunks; `started()` waits until the prompt is accepted.
-
-    Chunks cross from the worker thread without waking the event loop for each
-    token when the reader says it will not look before a deadline (`next(timeout)`):
-    then only the deadline, or a final chunk, an error or the end, wakes it. A chat
-    that redraws five times a second costs the loop five wake-ups a second, not
-    one per token; on a machine whose cores all decode, that time is the model's.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, job_cancel: threading.Event) -> None:
-        self._items: deque[Any] = deque()
-        self._loop = loop
-        self._cancel = job_cancel
-        self._waiter: asyncio.Future[None] | None = None
-        self._eager = True  # wake the reader for every item
-        self.info: Started | None = None
-        self._done = False
-
-    def _feed(self, item: Any) -> None:  # called on the worker thread
-        self._items.append(item)
-        routine = isinstance(item, Chunk) and item.finish_reason is None
-        if self._eager or not routine:
-            self._loop.call_soon_threadsafe(self._wake)
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def _take(self, timeout: float | None) -> Any:
-        """The next item; `_TIMEOUT` if `timeout` seconds pass first."""
-        if not self._items:
-            # Say whether a routine chunk should wake us, then look again: the worker
-            # appends before it reads the flag, so one of the two sees the other.
-            self._eager = timeout is None
-            if not self._items:
-                self._waiter = self._loop.create_future()
-                timer = None if timeout is None else self._loop.call_later(timeout, self._wake)
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
-                    self._eager = True
-                    if timer is not None:
-                        timer.cancel()
-            self._eager = True
-            if not self._items:
-                return _TIMEOUT
-        item = self._items.popleft()
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        return item
-
-    async def started(self) -> Started:
-        """Wait for the worker to accept the request; raise its error if it fails first."""
-        if self.info is None:
-            item = await self._take(None)
-            if not isinstance(item, Started):
-                raise RuntimeError("worker protocol: expected Started first")
-            self.info = item
-        return self.info
-
-    def __aiter__(self) -> AsyncIterator[Chunk]:
-        return self
-
-    async def __anext__(self) -> Chunk:
-        chunk = await self.next()
-        assert chunk is not None
-        return chunk
-
-    async def next(self, timeout: float | None = None) -> Chunk | None:
-        """The next chunk; None if `timeout` seconds pass first; StopAsyncIteration at the end.
-
-        With a timeout, chunks that arrive before it do not wake the reader (see above).
-        """
-        if self._done:
-            raise StopAsyncIteration
-        await self.started()
-        item = await self._take(timeout)
-        if item is _TIMEOUT:
-            return None
-        if item is _END:
-            self._done = True
-            raise StopAsyncIteration
-        return item
-
-    async def batches(self, due_in: Callable[[], float]) -> AsyncIterator[tuple[str, Chunk | None]]:
-        """The answer's text in pieces, for readers that draw it at their own pace.
-
-        A piece comes when `due_in()` (seconds until the reader wants to draw again)
-        reaches 0, the first one at once; the last comes with the final chunk. Tokens
-        that arrive before a piece is due do not wake the reader.
-        """
-        pending = ""
-        while True:
-            if pending and due_in() == 0.0:
-                yield pending, None
-                pending = ""
-            try:
-                # before a piece is due, tokens need not wake us; after it, the next one does
-                chunk = await self.next(due_in() or None)
-            except StopAsyncIteration:
-                return
-            except Exception:
-                if pending:
-                    yield pending, None  # what arrived before the failure
-                raise
-            if chunk is None:
-                continue
-            if chunk.finish_reason is not None:
-                yield pending + chunk.text, chunk
-                pending = ""
-            else:
-                pending += chunk.text
-
-    def cancel(self) -> None:
-        self._cancel.set()
-
-    async def aclose(self) -> None:
-        self.cancel()
-
-
 @dataclass(slots=True)
 class Resident:
     """A loaded model and what the engine knows about it."""
@@ -226,9 +88,12 @@ class Resident:
     cache_key: str  # its prompt-cache identity
     need: int  # the estimated bytes it takes
     keep_alive: float | None  # idle seconds before it unloads; None: never
-    loaded_at: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     requests: int = 0
+
+    def time_left(self, now: float) -> float | None:
+        """Seconds until the keep-alive runs out (negative: it has); None: it never does."""
+        return None if self.keep_alive is None else self.keep_alive - (now - self.last_used)
 
 
 class Engine:
@@ -299,9 +164,8 @@ class Engine:
         default = self._default
         for res in sorted(list(self._resident.values()), key=lambda r: r is not default):
             info = res.model.info
-            expires = None
-            if res is not default and res.keep_alive is not None:
-                expires = round(max(0.0, res.keep_alive - (now - res.last_used)), 1)
+            left = None if res is default else res.time_left(now)
+            expires = None if left is None else round(max(0.0, left), 1)
             rows.append(
                 {
                     "model": res.ref.name,
@@ -455,16 +319,15 @@ class Engine:
                 "loading %s anyway (force_load): needs %s, %s", need.name, need.text(), room.text()
             )
         order = sorted(self._resident.values(), key=lambda r: (r is self._default, r.last_used))
-        freed = 0
+        kept = held  # what the models still loaded take
 
         def short() -> bool:
-            held = sum(r.need for r in self._resident.values())
-            over_budget = budget is not None and need.total + held > budget
-            return over_budget or need.total > free.bytes + freed
+            over_budget = budget is not None and need.total + kept > budget
+            return over_budget or need.total > free.bytes + (held - kept)
 
         while order and (len(self._resident) >= s.max_loaded_models or short()):
             res = order.pop(0)
-            freed += res.need
+            kept -= res.need
             self._unload(res)
 
     def _unload(self, res: Resident) -> None:
@@ -484,9 +347,9 @@ class Engine:
         now = time.monotonic()
         soonest: float | None = None
         for res in list(self._resident.values()):
-            if res is self._default or res.keep_alive is None:
+            left = res.time_left(now)
+            if res is self._default or left is None:
                 continue
-            left = res.keep_alive - (now - res.last_used)
             if left <= 0:
                 log.info("%s idle for %.0f s: unloading", res.ref.name, now - res.last_used)
                 self._unload(res)
@@ -551,7 +414,7 @@ class Engine:
         try:
             while True:
                 item = out.get()
-                if item is _END:
+                if item is END:
                     return
                 if isinstance(item, BaseException):
                     raise item
@@ -595,7 +458,7 @@ class Engine:
         if job.load_only:
             assert job.ref is not None
             self._ensure_loaded(job.ref, job.progress, job.n_ctx, job.backend, default=True)
-            job.emit(_END)
+            job.emit(END)
             return
         default = self._default
         ref = job.ref or (default.ref if default else self.store.resolve(self.settings.model))
@@ -603,7 +466,7 @@ class Engine:
             job.emit(Started(model=ref.name, prompt_tokens=0))
             stats = GenerationStats(0, 0, 0, 0.0, 0.0)
             job.emit(Chunk("", (), finish_reason="cancelled", stats=stats))
-            job.emit(_END)
+            job.emit(END)
             return
         res = self._ensure_loaded(
             ref, default=default is None and job.ref is None, keep_alive=request.keep_alive
@@ -633,7 +496,7 @@ class Engine:
                 self.totals["cancelled"] += chunk.finish_reason == "cancelled"
                 self.cache.finished(chunk.stats.cached_tokens)
             job.emit(chunk)
-        job.emit(_END)
+        job.emit(END)
 
 
 def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, int]:

@@ -9,12 +9,13 @@ which stays above that and grows with larger models.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from localllm.backends.base import ModelRef, default_n_ctx
 from localllm.errors import LocalLLMError, ModelTooLarge
 from localllm.hardware import available_memory, gpu_free_memory
-from localllm.models.gguf import format_bytes, read_meta
+from localllm.models.gguf import ModelMeta, format_bytes, read_meta
 
 _MIB = 1024 * 1024
 BUFFER_BASE = 64 * _MIB
@@ -49,21 +50,39 @@ class Estimate:
             return 0
         return min(self.n_ctx, room // self.kv_per_token // 256 * 256)
 
+    def at_ctx(self, n_ctx: int) -> Estimate:
+        """The same model at another context size."""
+        return dataclasses.replace(self, kv=n_ctx * self.kv_per_token, n_ctx=n_ctx)
 
-def estimate(
-    ref: ModelRef, n_ctx: int | None = None, *, kv_scale: int = 1, weights: int | None = None
+    def with_weights(self, weights: int) -> Estimate:
+        """Another file of the same model (another quantization): its weights, same KV."""
+        return dataclasses.replace(self, weights=weights, buffers=buffers(weights))
+
+
+def buffers(weights: int) -> int:
+    """Working buffers beside the weights and the KV cache (see the module's note)."""
+    return BUFFER_BASE + weights // 20
+
+
+def from_meta(
+    name: str, meta: ModelMeta | None, weights: int, n_ctx: int | None, *, kv_scale: int = 1
 ) -> Estimate:
-    """The estimate for a local model (header only; no weights read). `kv_scale` 2: f32 KV.
-    `weights` overrides the byte count (a GGUF whose header alone is on disk yet)."""
-    size = ref.size_bytes if weights is None else weights
-    try:
-        meta = read_meta(ref.path, ref.format)
-    except LocalLLMError:  # unreadable header: the weights are all we know
-        n = n_ctx or 0
-        return Estimate(ref.name, size, 0, BUFFER_BASE + size // 20, n, 0)
+    """The estimate from a header already read (None: unreadable, the weights are all we
+    know). `kv_scale` 2: f32 KV."""
+    if meta is None:
+        return Estimate(name, weights, 0, buffers(weights), n_ctx or 0, 0)
     n = n_ctx or default_n_ctx(meta.n_ctx_train)
     per_token = meta.kv_bytes_per_token * kv_scale
-    return Estimate(ref.name, size, per_token * n, BUFFER_BASE + size // 20, n, per_token)
+    return Estimate(name, weights, per_token * n, buffers(weights), n, per_token)
+
+
+def estimate(ref: ModelRef, n_ctx: int | None = None, *, kv_scale: int = 1) -> Estimate:
+    """The estimate for a local model, from its header (no weights are read)."""
+    try:
+        meta: ModelMeta | None = read_meta(ref.path, ref.format)
+    except LocalLLMError:
+        meta = None
+    return from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +116,7 @@ def refusal(need: Estimate, free: Free) -> ModelTooLarge:
     """The error for a load that will not fit, with a way out."""
     ctx = need.max_ctx(free.bytes)
     if ctx >= 256:
-        smaller = Estimate(
-            need.name, need.weights, ctx * need.kv_per_token, need.buffers, ctx, need.kv_per_token
-        )
-        hint = f"a smaller context (--ctx {ctx} needs {format_bytes(smaller.total)})"
+        hint = f"a smaller context (--ctx {ctx} needs {format_bytes(need.at_ctx(ctx).total)})"
     else:
         hint = (
             "a smaller quantization of this model (Q4_K_M or q4_0 take about a quarter of f16)"

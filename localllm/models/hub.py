@@ -31,14 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
-from localllm.backends.base import ModelRef
 from localllm.errors import DownloadFailed, LocalLLMError
 from localllm.models import fit
-from localllm.models.gguf import format_bytes
+from localllm.models.convert import PROVENANCE, read_provenance
+from localllm.models.gguf import format_bytes, read_meta
 
 log = logging.getLogger(__name__)
 
-PROVENANCE = "localllm.json"
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _HEADER_PROBES = (8 * 1024 * 1024, 64 * 1024 * 1024)  # bytes read to parse a GGUF header
 
@@ -228,21 +227,16 @@ def estimate_remote(plan: PullPlan, n_ctx: int | None = None) -> fit.Estimate:
     """The memory the model will need, from its header (a GGUF's first megabytes or an MLX
     config.json), fetched before the download; the weights alone when it cannot be read."""
     with tempfile.TemporaryDirectory(prefix="localllm-probe-") as tmp:
-        folder = Path(tmp)
         for probe in _HEADER_PROBES if plan.kind == "gguf" else (0,):
             try:
-                path = _fetch_head(plan, folder, probe)
-                ref = ModelRef(plan.name, path, plan.kind, "hub", plan.total)
-                est = fit.estimate(ref, n_ctx)
+                meta = read_meta(_fetch_head(plan, Path(tmp), probe), plan.kind)
             except LocalLLMError:
-                continue
+                continue  # a header longer than the probe: read more
             except Exception as exc:
                 log.info("could not read %s's header before the pull: %s", plan.repo, exc)
                 break
-            if est.kv_per_token:
-                return est
-    ref = ModelRef(plan.name, Path(plan.name), plan.kind, "hub", plan.total)
-    return fit.estimate(ref, n_ctx)
+            return fit.from_meta(plan.name, meta, plan.total, n_ctx)
+    return fit.from_meta(plan.name, None, plan.total, n_ctx)
 
 
 def _fetch_head(plan: PullPlan, folder: Path, nbytes: int) -> Path:
@@ -321,11 +315,9 @@ def _new_digest(f: RemoteFile) -> Any:
     return hashlib.sha256()  # nothing to compare with; computed all the same
 
 
-def _expected(f: RemoteFile) -> str | None:
-    return f.sha256 or f.blob_id
-
-
-def _download(plan: PullPlan, f: RemoteFile, staging: Path, tqdm_class: Any) -> None:
+def _download(plan: PullPlan, f: RemoteFile, staging: Path) -> None:
+    """One file into the staging folder, resumed from its .part file, checked as it streams;
+    the progress bar is huggingface_hub's."""
     from huggingface_hub import hf_hub_url
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
@@ -333,7 +325,7 @@ def _download(plan: PullPlan, f: RemoteFile, staging: Path, tqdm_class: Any) -> 
     done = staging / local_path(plan, f)
     if done.is_file():
         return  # verified by an earlier run
-    part = done.with_name(done.name + ".part")
+    part = _part(done)
     part.parent.mkdir(parents=True, exist_ok=True)
     have = part.stat().st_size if part.exists() else 0
     if f.size is not None and have > f.size:
@@ -355,14 +347,13 @@ def _download(plan: PullPlan, f: RemoteFile, staging: Path, tqdm_class: Any) -> 
                 headers=build_hf_headers(token=_token()),
                 expected_size=f.size,
                 displayed_filename=f.path.rsplit("/", 1)[-1],
-                tqdm_class=tqdm_class,
             )
         finally:
             got = sink.finish()
     size = part.stat().st_size
     if f.size is not None and size != f.size:
         raise DownloadFailed(plan.repo, f"{f.path}: got {size} bytes, the hub lists {f.size}")
-    want = _expected(f)
+    want = f.sha256 or f.blob_id
     if want is not None and got != want:
         part.unlink()
         kind = "SHA-256" if f.sha256 else "git blob id"
@@ -387,21 +378,14 @@ def staging_dir(models_dir: Path, plan: PullPlan) -> Path:
 def existing(models_dir: Path, plan: PullPlan) -> Path | None:
     """The store folder of an earlier pull of the same files at the same commit."""
     folder = models_dir / plan.name
-    try:
-        meta = json.loads((folder / PROVENANCE).read_text(encoding="utf-8"))["source"]
-    except (OSError, ValueError, KeyError, TypeError):
+    meta = (read_provenance(folder) or {}).get("source")
+    if not isinstance(meta, dict):
         return None
     same = meta.get("repo") == plan.repo and meta.get("commit") == plan.commit
     return folder if same and meta.get("files") == [f.path for f in plan.files] else None
 
 
-def pull(
-    plan: PullPlan,
-    models_dir: Path,
-    *,
-    tqdm_class: Any = None,
-    on_file: Callable[[RemoteFile, int, int], None] | None = None,
-) -> Path:
+def pull(plan: PullPlan, models_dir: Path) -> Path:
     """Download, verify and move into the store; return the model's folder. A rerun after an
     interruption resumes every partial file."""
     done = existing(models_dir, plan)
@@ -419,7 +403,7 @@ def pull(
             shutil.rmtree(old, ignore_errors=True)
     todo = [staging / local_path(plan, f) for f in plan.files]
     left = sum(f.size or 0 for f, path in zip(plan.files, todo, strict=True) if not path.is_file())
-    left -= sum(_part_size(path) for path in todo)
+    left -= sum(_part(path).stat().st_size for path in todo if _part(path).is_file())
     free = shutil.disk_usage(staging).free
     if left > free:
         raise DownloadFailed(
@@ -427,16 +411,13 @@ def pull(
             f"it needs {format_bytes(left)} more on disk and {format_bytes(free)} is free "
             f"at {models_dir}",
         )
-    where = plan.endpoint
-    for i, f in enumerate(plan.files):
-        if on_file is not None:
-            on_file(f, i, len(plan.files))
+    for f in plan.files:
         try:
-            _download(plan, f, staging, tqdm_class)
+            _download(plan, f, staging)
         except LocalLLMError:
             raise
         except Exception as exc:
-            raise _failure(plan.repo, exc, where) from None
+            raise _failure(plan.repo, exc, plan.endpoint) from None
     provenance = {
         "source": {
             "kind": "pull",
@@ -455,9 +436,6 @@ def pull(
     return target
 
 
-def _part_size(done: Path) -> int:
-    part = done.with_name(done.name + ".part")
-    try:
-        return part.stat().st_size
-    except OSError:
-        return 0
+def _part(done: Path) -> Path:
+    """Where a file's bytes gather until it is complete and checked."""
+    return done.with_name(done.name + ".part")

@@ -44,10 +44,8 @@ class ChatMessage(_Wire):
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_duration(value: float | str) -> float:
-    """Seconds from a number or a duration such as "90s", "5m", "1h", "-1"."""
-    if isinstance(value, int | float):
-        return float(value)
+def parse_duration(value: str) -> float:
+    """Seconds from a duration such as "90s", "5m", "1h" or a bare number "-1"."""
     text = value.strip().lower()
     for unit in sorted(_UNITS, key=len, reverse=True):
         if text.endswith(unit):
@@ -82,12 +80,12 @@ class SamplingFields(_Wire):
     n: int | None = Field(default=None, ge=1)
     # extension: how long an on-demand model stays loaded after this request, like
     # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
-    keep_alive: float | str | None = None
+    keep_alive: float | None = None
 
-    @field_validator("keep_alive")
+    @field_validator("keep_alive", mode="before")
     @classmethod
-    def _check_keep_alive(cls, v: float | str | None) -> float | None:
-        return None if v is None else parse_duration(v)
+    def _check_keep_alive(cls, v: object) -> object:
+        return parse_duration(v) if isinstance(v, str) else v  # numbers: pydantic checks
 
     @field_validator("stop")
     @classmethod

@@ -9,7 +9,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from localllm.backends.base import Chunk
 from localllm.config import Settings
-from localllm.engine.worker import ChunkStream, Engine
+from localllm.engine.stream import ChunkStream
+from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.server import protocol as wire
 from localllm.server.sse import sse_frames
@@ -54,11 +55,6 @@ async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
         stream.cancel()
     assert final is not None, "a stream always ends with a final chunk"
     return "".join(parts), final
-
-
-def _keep_alive(body: wire.SamplingFields) -> float | None:
-    value = body.keep_alive
-    return float(value) if value is not None else None
 
 
 def _interval(request: Request) -> float:
@@ -109,7 +105,7 @@ async def chat_completions(
         messages=messages,
         model=body.model,
         context_policy=policy,
-        keep_alive=_keep_alive(body),
+        keep_alive=body.keep_alive,
     )
     return await _respond(request, body, req, wire.ChatShapes)
 
@@ -122,7 +118,7 @@ async def completions(
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         tokens = [int(t) for t in prompt]
         req = EngineRequest(
-            body.sampling(), prompt_tokens=tokens, model=body.model, keep_alive=_keep_alive(body)
+            body.sampling(), prompt_tokens=tokens, model=body.model, keep_alive=body.keep_alive
         )
     else:
         text = prompt[0] if isinstance(prompt, list) else prompt
@@ -131,7 +127,7 @@ async def completions(
             prompt=str(text),
             suffix=body.suffix,
             model=body.model,
-            keep_alive=_keep_alive(body),
+            keep_alive=body.keep_alive,
         )
     return await _respond(request, body, req, wire.TextShapes)
 

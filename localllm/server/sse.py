@@ -7,7 +7,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from localllm.backends.base import Chunk
-from localllm.engine.worker import ChunkStream
+from localllm.engine.stream import ChunkStream
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 

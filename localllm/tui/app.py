@@ -26,7 +26,8 @@ from textual.widgets.markdown import MarkdownStream
 
 from localllm.backends.base import Chunk, Message, ModelInfo, ModelRef, SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import ChunkStream, Engine, Request
+from localllm.engine.stream import ChunkStream
+from localllm.engine.worker import Engine, Request
 from localllm.errors import ContextOverflow, LocalLLMError
 from localllm.hardware import available_memory, process_memory
 from localllm.history import Conversation, History

@@ -126,6 +126,18 @@ def test_a_cut_transfer_resumes_to_identical_bytes(hub: HubServer, starter_ref: 
     )
 
 
+def test_a_server_ignoring_the_range_restarts_the_file_and_its_hash(
+    hub: HubServer, starter_ref: ModelRef
+) -> None:
+    hub.cut_after["tiny-Q8_0.gguf"] = 30_000_000
+    hub.ignore_range.add("tiny-Q8_0.gguf")
+    assert main(["pull", f"{GGUF_REPO}:Q8_0"]) == 0
+    ranges = gets(hub, "tiny-Q8_0.gguf")
+    assert len(ranges) == 2 and ranges[1].startswith("bytes=") and ranges[1] != "bytes=0-"
+    pulled = models_dir() / "tiny-Q8_0" / "tiny-Q8_0.gguf"
+    assert filecmp.cmp(pulled, starter_ref.path, shallow=False)
+
+
 def test_a_killed_pull_leaves_nothing_and_resumes(
     hub: HubServer, starter_ref: ModelRef, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Label
 from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError
 from localllm.models import fit
-from localllm.models.gguf import format_bytes, format_params, read_meta
+from localllm.models.gguf import ModelMeta, format_bytes, format_params, read_meta
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +30,12 @@ class ModelRow:
 
 def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
     """Header facts and the memory a load would need (models.fit: weights + KV + buffers)."""
-    need = fit.estimate(ref, n_ctx).total
     try:
-        meta = read_meta(ref.path, ref.format)
+        meta: ModelMeta | None = read_meta(ref.path, ref.format)
     except LocalLLMError:
+        meta = None
+    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx).total
+    if meta is None:
         return ModelRow(ref, "?", "unreadable", "?", need)
     return ModelRow(ref, format_params(meta.params), meta.quant, str(meta.n_ctx_train), need)
 

@@ -1,0 +1,151 @@
+"""The bridge from the engine's worker thread to an event loop: a request's stream of
+chunks, read with `async for` (or at the reader's own pace with `batches`)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from localllm.backends.base import Chunk
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """Sent once a request's prompt is rendered and fits: the stream will now produce chunks."""
+
+    model: str
+    prompt_tokens: int
+    dropped_messages: int = 0  # by the truncate-oldest policy
+    prompt_tokens_before: int = 0  # the prompt's length before those were dropped
+
+
+END = object()  # the worker's last item for a request
+_TIMEOUT = object()
+
+
+class ChunkStream:
+    """Async iterator over a request's chunks; `started()` waits until the prompt is accepted.
+
+    Chunks cross from the worker thread without waking the event loop for each
+    token when the reader says it will not look before a deadline (`next(timeout)`):
+    then only the deadline, or a final chunk, an error or the end, wakes it. A chat
+    that redraws five times a second costs the loop five wake-ups a second, not
+    one per token; on a machine whose cores all decode, that time is the model's.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, job_cancel: threading.Event) -> None:
+        self._items: deque[Any] = deque()
+        self._loop = loop
+        self._cancel = job_cancel
+        self._waiter: asyncio.Future[None] | None = None
+        self._eager = True  # wake the reader for every item
+        self.info: Started | None = None
+        self._done = False
+
+    def _feed(self, item: Any) -> None:  # called on the worker thread
+        self._items.append(item)
+        routine = isinstance(item, Chunk) and item.finish_reason is None
+        if self._eager or not routine:
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _take(self, timeout: float | None) -> Any:
+        """The next item; `_TIMEOUT` if `timeout` seconds pass first."""
+        if not self._items:
+            # Say whether a routine chunk should wake us, then look again: the worker
+            # appends before it reads the flag, so one of the two sees the other.
+            self._eager = timeout is None
+            if not self._items:
+                self._waiter = self._loop.create_future()
+                timer = None if timeout is None else self._loop.call_later(timeout, self._wake)
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
+                    self._eager = True
+                    if timer is not None:
+                        timer.cancel()
+            self._eager = True
+            if not self._items:
+                return _TIMEOUT
+        item = self._items.popleft()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        return item
+
+    async def started(self) -> Started:
+        """Wait for the worker to accept the request; raise its error if it fails first."""
+        if self.info is None:
+            item = await self._take(None)
+            if not isinstance(item, Started):
+                raise RuntimeError("worker protocol: expected Started first")
+            self.info = item
+        return self.info
+
+    def __aiter__(self) -> AsyncIterator[Chunk]:
+        return self
+
+    async def __anext__(self) -> Chunk:
+        chunk = await self.next()
+        assert chunk is not None
+        return chunk
+
+    async def next(self, timeout: float | None = None) -> Chunk | None:
+        """The next chunk; None if `timeout` seconds pass first; StopAsyncIteration at the end.
+
+        With a timeout, chunks that arrive before it do not wake the reader (see above).
+        """
+        if self._done:
+            raise StopAsyncIteration
+        await self.started()
+        item = await self._take(timeout)
+        if item is _TIMEOUT:
+            return None
+        if item is END:
+            self._done = True
+            raise StopAsyncIteration
+        return item
+
+    async def batches(self, due_in: Callable[[], float]) -> AsyncIterator[tuple[str, Chunk | None]]:
+        """The answer's text in pieces, for readers that draw it at their own pace.
+
+        A piece comes when `due_in()` (seconds until the reader wants to draw again)
+        reaches 0, the first one at once; the last comes with the final chunk. Tokens
+        that arrive before a piece is due do not wake the reader.
+        """
+        pending = ""
+        while True:
+            if pending and due_in() == 0.0:
+                yield pending, None
+                pending = ""
+            try:
+                # before a piece is due, tokens need not wake us; after it, the next one does
+                chunk = await self.next(due_in() or None)
+            except StopAsyncIteration:
+                return
+            except Exception:
+                if pending:
+                    yield pending, None  # what arrived before the failure
+                raise
+            if chunk is None:
+                continue
+            if chunk.finish_reason is not None:
+                yield pending + chunk.text, chunk
+                pending = ""
+            else:
+                pending += chunk.text
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    async def aclose(self) -> None:
+        self.cancel()
