@@ -8,7 +8,8 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn
 
 from localllm import __version__
 from localllm.cli_common import EXIT_USAGE, progress_printer
@@ -177,7 +178,66 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("model", help="model name, path or HF repo of a GGUF")
     convert.add_argument("--to", choices=["mlx"], required=True, help="the target format")
     convert.add_argument("--name", help="store name of the result (default: MODEL-mlx)")
+    _quantize_parsers(sub, common, backend_flag)
     return parser
+
+
+def _quantize_parsers(
+    sub: Any, common: argparse.ArgumentParser, backend_flag: Callable[[Any], None]
+) -> None:
+    from localllm.models.quantize import MLX_GROUP_SIZES, TYPES
+
+    quantize = sub.add_parser(
+        "quantize",
+        parents=[common],
+        help="quantize a model into the store (GGUF through llama.cpp, MLX through mlx-lm)",
+    )
+    quantize.add_argument("model", help="model name, path or HF repo")
+    quantize.add_argument(
+        "--to", dest="type", required=True, metavar="TYPE", help=f"one of: {', '.join(TYPES)}"
+    )
+    quantize.add_argument("--name", help="store name of the result (default: MODEL-TYPE)")
+    quantize.add_argument(
+        "--allow-requantize",
+        action="store_true",
+        help="quantize an already-quantized model (loses more quality; f16 is always allowed)",
+    )
+    quantize.add_argument(
+        "--group-size",
+        type=int,
+        choices=MLX_GROUP_SIZES,
+        default=64,
+        help="MLX types: weights per scale (default: 64)",
+    )
+    quantize.add_argument(
+        "--threads", type=_positive_int, dest="n_threads", help="CPU threads (default: cores)"
+    )
+    quantize.add_argument(
+        "--no-report", action="store_true", help="skip the size / speed / perplexity report"
+    )
+    quantize.add_argument(
+        "--eval-tokens",
+        type=_positive_int,
+        help="score only the first N tokens of the held-out text in the report (default: all)",
+    )
+    evaluate = sub.add_parser(
+        "eval", parents=[common], help="perplexity of a model on the held-out text or a file"
+    )
+    evaluate.add_argument("model", help="model name, path or HF repo")
+    evaluate.add_argument("--file", type=Path, help="a UTF-8 text file (default: the shipped text)")
+    evaluate.add_argument(
+        "--tokens", type=_positive_int, help="score only the first N tokens (default: all)"
+    )
+    evaluate.add_argument(
+        "--window",
+        type=_positive_int,
+        default=512,
+        help="tokens per evaluation window; the second half of each is scored (default: 512)",
+    )
+    evaluate.add_argument(
+        "--threads", type=_positive_int, dest="n_threads", help="CPU threads (default: cores)"
+    )
+    backend_flag(evaluate)
 
 
 def _setup_logging(level: str) -> None:
@@ -201,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
     _setup_logging(settings.log_level)
-    from localllm import cli_models
+    from localllm import cli_models, cli_quantize
 
     handlers: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
         "chat": cmd_chat,
@@ -213,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "ps": cli_models.cmd_ps,
         "rm": cli_models.cmd_rm,
         "pull": cli_models.cmd_pull,
+        "quantize": cli_quantize.cmd_quantize,
+        "eval": cli_quantize.cmd_eval,
     }
     try:
         return handlers[command](settings, args)

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from localllm.backends.base import ModelRef
 from localllm.cli_common import EXIT_USAGE, device_of, progress_printer
 from localllm.config import Settings
 from localllm.errors import LocalLLMError
@@ -27,16 +28,26 @@ def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
         except LocalLLMError:
             params, quant, ctx = "?", "unreadable", "?"
         rows.append(
-            (ref.name, ref.format, params, quant, format_bytes(ref.size_bytes), ctx, ref.source)
+            (ref.name, ref.format, params, quant, format_bytes(ref.size_bytes), ctx, _origin(ref))
         )
     _print_table(rows)
     return 0
 
 
+def _origin(ref: ModelRef) -> str:
+    """The SOURCE column: where a model lives, and for a quantization what it was made from."""
+    from localllm.models.quantize import quantized_from
+
+    if ref.source != "store":
+        return ref.source
+    made = quantized_from(ref.path if ref.path.is_dir() else ref.path.parent)
+    return f"store: {made}" if made else ref.source
+
+
 def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.backends import plan
     from localllm.backends.base import default_n_ctx
-    from localllm.models.convert import find_import, read_provenance
+    from localllm.models.convert import find_import
     from localllm.models.gguf import format_bytes, format_params, read_meta
     from localllm.models.store import ModelStore
 
@@ -82,21 +93,8 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     if ref.format == "gguf":
         imported = find_import(settings.models_dir, ref.path)
         fields.append(("MLX import", imported.name if imported else "none"))
-    else:
-        source = (read_provenance(ref.path) or {}).get("source", {})
-        if source and source.get("kind") != "pull":
-            fields.append(("imported from", str(source.get("identity", {}).get("path", "?"))))
     if ref.source == "store":
-        folder = ref.path if ref.path.is_dir() else ref.path.parent
-        source = (read_provenance(folder) or {}).get("source", {})
-        if source.get("kind") == "pull":
-            fields.append(
-                (
-                    "pulled from",
-                    f"{source.get('repo')} @ {str(source.get('commit'))[:12]} "
-                    f"({source.get('endpoint')}, {source.get('date')})",
-                )
-            )
+        fields.extend(_provenance_fields(ref.path if ref.path.is_dir() else ref.path.parent))
     fields.append(("backend", backend_line))
     if device:
         fields.append(("device", device))
@@ -104,6 +102,39 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     for key, value in fields:
         print(f"{key.ljust(width)}  {value}")
     return 0
+
+
+def _provenance_fields(folder: Path) -> list[tuple[str, str]]:
+    """Where a store model came from: an import, a pull or a quantization."""
+    from localllm.models.convert import read_provenance
+
+    prov = read_provenance(folder) or {}
+    source = prov.get("source") or {}
+    kind = source.get("kind")
+    if kind == "pull":
+        return [
+            (
+                "pulled from",
+                f"{source.get('repo')} @ {str(source.get('commit'))[:12]} "
+                f"({source.get('endpoint')}, {source.get('date')})",
+            )
+        ]
+    if kind == "quantize":
+        q = prov.get("quantize") or {}
+        group = f", group size {q['group_size']}" if q.get("group_size") else ""
+        fell = q.get("fallback_tensors") or 0
+        note = f"; {fell} of {q.get('tensors')} tensors fell back" if fell else ""
+        again = " (requantized)" if q.get("requantized") else ""
+        return [
+            (
+                "quantized from",
+                f"{source.get('name')} ({source.get('quant')}, {source.get('path')}) "
+                f"to {q.get('type')}{group}{again} on {prov.get('created')}{note}",
+            )
+        ]
+    if source.get("identity"):
+        return [("imported from", str(source["identity"].get("path", "?")))]
+    return []
 
 
 def _memory_line(settings: Settings, need: fit.Estimate) -> str:

@@ -174,3 +174,16 @@ class DownloadFailed(LocalLLMError):
         super().__init__(f"Cannot pull {repo}: {reason}")
         self.repo = repo
         self.reason = reason
+
+
+class QuantizeFailed(LocalLLMError):
+    """A quantization that cannot start or did not finish (nothing is left in the store)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "quantize_failed"
+
+    def __init__(self, source: str, reason: str) -> None:
+        super().__init__(f"Cannot quantize {source}: {reason}")
+        self.source = source
+        self.reason = reason

@@ -164,6 +164,13 @@ class LoadedModel(Protocol):
         """The inverse of dump_kv; ValueError when the data cannot be this model's state."""
         ...
 
+    def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:
+        """ln P(tokens[i] | tokens[:i]) for i from `start` on, from a fresh context (perplexity).
+
+        At most n_ctx tokens; the live KV cache is dropped.
+        """
+        ...
+
     def close(self) -> None: ...
 
 

@@ -5,6 +5,7 @@ that keeps cache hits exact, chat rendering to tokens, and the final chunk.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from localllm.backends import chat_template
 from localllm.backends.base import Chunk, FinishReason, GenerationStats, Message, SamplingParams
@@ -84,6 +85,25 @@ class KVLedger:
         """A saved state, all of it canonical, replaced the cache."""
         self.tokens[:] = tokens
         self.canonical = len(self.tokens)
+
+
+def check_scoring(n_tokens: int, start: int, n_ctx: int) -> None:
+    """Raise InvalidRequest unless `logprobs` can score tokens[start:] in one context."""
+    if n_tokens > n_ctx:
+        raise InvalidRequest(f"scoring needs {n_tokens} tokens in one context of {n_ctx}")
+    if not 1 <= start < n_tokens:
+        raise InvalidRequest(f"scoring starts at token {start}; it must be 1 to {n_tokens - 1}")
+
+
+def pick_logprobs(logits: Any, targets: Sequence[int]) -> list[float]:
+    """ln softmax(logits[j])[targets[j]] for each row j of a (rows x vocab) array."""
+    import numpy as np
+
+    x = np.asarray(logits, dtype=np.float64)
+    top = x.max(axis=1)
+    norm = top + np.log(np.exp(x - top[:, None]).sum(axis=1))
+    picked = x[np.arange(len(targets)), np.asarray(targets)]
+    return [float(v) for v in picked - norm]
 
 
 def batch_bounds(start: int, n_tokens: int) -> list[int]:

@@ -36,7 +36,9 @@ from localllm.backends.common import (
     batch_bounds,
     chat_tokens,
     check_request,
+    check_scoring,
     final_chunk,
+    pick_logprobs,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
@@ -397,6 +399,42 @@ class LlamaCppModel:
             yield final_chunk(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
         finally:
             ll.llama_sampler_free(sampler)
+
+    # -- scoring (perplexity) ------------------------------------------------------
+    def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:
+        import numpy as np
+
+        ll = self._ll
+        check_scoring(len(tokens), start, self.info.n_ctx)
+        self._reset_kv()
+        n_batch = min(self.info.n_ctx, 512)
+        n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        batch = ll.llama_batch_init(n_batch, 0, 1)
+        out: list[float] = []
+        try:
+            for lo in range(0, len(tokens) - 1, n_batch):
+                part = tokens[lo : min(lo + n_batch, len(tokens) - 1)]
+                wanted = 0
+                for i, tok in enumerate(part):
+                    pos = lo + i
+                    batch.token[i], batch.pos[i] = tok, pos
+                    batch.n_seq_id[i], batch.seq_id[i][0] = 1, 0
+                    batch.logits[i] = pos >= start - 1  # the logits that predict tokens[start:]
+                    wanted += pos >= start - 1
+                batch.n_tokens = len(part)
+                rc = ll.llama_decode(self._ctx, batch)
+                if rc != 0:
+                    raise LocalLLMError(f"llama_decode failed with code {rc} at token {lo}")
+                if wanted:
+                    logits = np.ctypeslib.as_array(
+                        ll.llama_get_logits(self._ctx), (wanted, n_vocab)
+                    )
+                    first = max(lo + 1, start)
+                    out.extend(pick_logprobs(logits, tokens[first : lo + len(part) + 1]))
+        finally:
+            ll.llama_batch_free(batch)
+            self._reset_kv()
+        return out
 
     def close(self) -> None:
         ll = self._ll

@@ -41,11 +41,12 @@ from localllm.backends.common import (
     batch_bounds,
     chat_tokens,
     check_request,
+    check_scoring,
     final_chunk,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
-from localllm.models.convert import read_provenance
+from localllm.models.convert import imported_quant, read_provenance
 from localllm.models.gguf import fim_ids_from_tokens, vocab_fingerprint
 
 log = logging.getLogger(__name__)
@@ -176,10 +177,11 @@ class MlxModel:
             named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
             template = named.get("default") or next(iter(named.values()), None)
         provenance = (read_provenance(folder) or {}).get("source", {})
+        imported = imported_quant(folder)
         n_ctx_train = int(config.get("max_position_embeddings") or 0)
         fim = fim_ids_from_tokens(texts)
         extra = {"description": f"{config.get('model_type', '?')} (mlx-lm)"}
-        if provenance:
+        if imported:
             extra["imported_from"] = str(provenance.get("identity", {}).get("path", ""))
         return ModelInfo(
             id=ref.name,
@@ -192,7 +194,7 @@ class MlxModel:
             eog_ids=frozenset(int(i) for i in eog),
             bos_id=int(bos_id) if bos_id is not None else None,
             add_bos=add_bos,
-            quant=str(provenance.get("quant") or _quant_label(config)),
+            quant=imported or _quant_label(config),
             vocab_fingerprint=vocab_fingerprint(texts),
             fim=FimTokens(*fim) if fim else None,
             extra=extra,
@@ -474,6 +476,16 @@ class MlxModel:
         tail = "" if text.stopped else text.flush()
         t_end = time.perf_counter()
         yield final_chunk(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
+
+    # -- scoring (perplexity) ------------------------------------------------------
+    def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:
+        mx = self._mx
+        check_scoring(len(tokens), start, self.info.n_ctx)
+        self._reset_kv()
+        logits = self._model(mx.array(tokens[:-1])[None])[0, start - 1 :].astype(mx.float32)
+        norm = mx.logsumexp(logits, axis=-1)
+        picked = mx.take_along_axis(logits, mx.array(tokens[start:])[:, None], axis=-1)[:, 0]
+        return [float(v) for v in (picked - norm).tolist()]
 
     def close(self) -> None:
         self._cache = []

@@ -85,6 +85,15 @@ def read_provenance(folder: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
+def imported_quant(folder: Path) -> str | None:
+    """The GGUF quant an MLX import kept as is (its weights are the GGUF's), else None."""
+    prov = read_provenance(folder) or {}
+    if prov.get("importer_version") is None:
+        return None  # not an import: a quantization or a pull has its own weights
+    quant = (prov.get("source") or {}).get("quant")
+    return str(quant) if quant else None
+
+
 def find_import(models_dir: Path, gguf_path: Path) -> Path | None:
     """An existing, current MLX import of this GGUF in the store, if there is one."""
     if not models_dir.is_dir():

@@ -42,6 +42,8 @@ class GGUFMeta:
     fim_ids: tuple[int, int, int] | None
     vocab_fingerprint: str
     tensor_types: tuple[tuple[str, str], ...] = ()  # (tensor name, GGML type name)
+    tensor_shapes: tuple[tuple[int, int], ...] = ()  # (row length, elements), as tensor_types
+    data_start: int = 0  # the byte offset where tensor data begins (the header's size)
     data_end: int = 0  # the byte offset where the last tensor's data ends
 
     @property
@@ -139,6 +141,7 @@ _SKIP = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token
 class _Tensor:
     name: str
     count: int  # elements
+    row: int  # elements in the first dimension (a row)
     ttype: int  # GGML type code
     offset: int  # from the start of the data section
 
@@ -165,11 +168,12 @@ def _parse(data: memoryview) -> tuple[dict[str, Any], list[_Tensor], int]:
     for _ in range(n_tensors):
         name = h.string()
         n_dims = h.take("<I")
+        dims = [h.take("<Q") for _ in range(n_dims)]
         count = 1
-        for _ in range(n_dims):
-            count *= h.take("<Q")
+        for d in dims:
+            count *= d
         ttype = h.take("<I")
-        tensors.append(_Tensor(name, count, ttype, h.take("<Q")))
+        tensors.append(_Tensor(name, count, dims[0] if dims else 1, ttype, h.take("<Q")))
     align = int(fields.get("general.alignment") or 32)
     return fields, tensors, -(-h.pos // align) * align
 
@@ -280,6 +284,8 @@ def read_gguf(path: Path) -> GGUFMeta:
         fim_ids=_fim_ids(fields, tokens),
         vocab_fingerprint=vocab_fingerprint(tokens),
         tensor_types=tuple((t.name, _type_name(t.ttype)) for t in tensors),
+        tensor_shapes=tuple((t.row, t.count) for t in tensors),
+        data_start=data_start,
         data_end=_data_end(tensors, data_start),
     )
 
@@ -359,12 +365,11 @@ def read_mlx_dir(path: Path) -> ModelMeta:
         pass
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    from localllm.models.convert import read_provenance  # it reads GGUF headers with this module
+    from localllm.models.convert import imported_quant  # it reads GGUF headers with this module
 
-    provenance = (read_provenance(path) or {}).get("source") or {}
     n_head = int(config.get("num_attention_heads") or 0)
     hidden = int(config.get("hidden_size") or 0)
-    quant_name = provenance.get("quant") or (
+    quant_name = imported_quant(path) or (
         f"mlx-{bits}bit (group {quant.get('group_size')})"
         if isinstance(quant, dict) and quant
         else str(config.get("torch_dtype") or "float16").upper()
