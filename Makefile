@@ -33,3 +33,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_mlx
 	$(BIN)/python -m benchmarks.bench_pull
 	$(BIN)/python -m benchmarks.bench_switch
+	$(BIN)/python -m benchmarks.bench_quantize

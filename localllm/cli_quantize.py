@@ -55,39 +55,23 @@ def cmd_quantize(settings: Settings, args: argparse.Namespace) -> int:
             progress=progress_printer("Measuring size, speed and perplexity"),
         )
         print()
-        print_report(rows, "the held-out text (localllm/data/heldout.txt)")
+        print_report(rows)
     print(f"run it with: localllm chat {result.ref.name}")
     return 0
 
 
-def print_report(rows: list[dict[str, Any]], text: str) -> None:
+def print_report(rows: list[dict[str, Any]]) -> None:
     """The report table: each model's size, decode speed and perplexity (vs the first row)."""
     from localllm.cli_models import _print_table
-    from localllm.models.gguf import format_bytes
+    from localllm.models.quantize import report_footer, report_table
 
-    base = rows[0]
-    table = [("MODEL", "BACKEND", "TYPE", "SIZE", "DECODE TOK/S", "PERPLEXITY")]
-    for i, r in enumerate(rows):
-        delta = "" if i == 0 else f" ({(r['ppl'] / base['ppl'] - 1) * 100:+.1f}%)"
-        table.append(
-            (
-                str(r["name"]),
-                str(r["backend"]),
-                str(r["quant"]),
-                format_bytes(int(r["size"])),
-                f"{r['decode_tps']:.1f}",
-                f"{r['ppl']:.3f}{delta}",
-            )
-        )
-    _print_table(table)
-    print(
-        f"perplexity over {rows[0]['scored']:,} scored tokens of {text} "
-        f"({rows[0]['text_tokens']:,} tokens in all); lower is better"
-    )
+    _print_table(report_table(rows))
+    print(report_footer(rows))
 
 
 def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models.evaluate import load_for_eval, perplexity, read_text
+    from localllm.models.quantize import HELDOUT_LABEL
     from localllm.models.store import ModelStore
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
@@ -107,11 +91,12 @@ def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
             max_tokens=args.tokens,
             progress=progress_printer(f"Evaluating {ref.name}"),
         )
-        where = str(args.file) if args.file else "the held-out text (localllm/data/heldout.txt)"
+        where = str(args.file) if args.file else HELDOUT_LABEL
         window = min(args.window, model.info.n_ctx)
         print(
             f"{ref.name} ({model.info.backend}, {model.info.quant}): perplexity "
-            f"{result.value:.3f} over {result.scored:,} tokens ({result.windows} windows of "
+            f"{result.value:.3f} over {result.scored:,} tokens ({result.windows} "
+            f"window{'s' if result.windows != 1 else ''} of "
             f"{window}, second halves scored) of {where}"
         )
     finally:

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ _BPW = {"f16": 16.0, "q4_0": 4.5, "q4_1": 5.0, "q8_0": 8.5, "q4_k_m": 4.5, "q5_k
 _FALLBACK_BPW = {"q4_k_m": 5.5, "q5_k_m": 6.0}  # q5_0, q5_1
 QK_K = 256  # K-quant super-block: rows must be a multiple of it
 STAGING_PREFIX = ".quantize-"
+HELDOUT_LABEL = "the held-out text (localllm/data/heldout.txt)"
 _OWNER = "owner.pid"
 
 
@@ -253,7 +255,11 @@ def sweep_stale(models_dir: Path) -> list[Path]:
 
 
 def run_child(
-    job: dict[str, Any], *, on_event: Callable[[dict[str, Any]], None], what: str
+    job: dict[str, Any],
+    *,
+    on_event: Callable[[dict[str, Any]], None],
+    what: str,
+    cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Run a job in `python -m localllm.models.quantize_child`; its final event, or raise.
 
@@ -269,6 +275,8 @@ def run_child(
             text=True,
         )
         final: dict[str, Any] | None = None
+        if cancel is not None:
+            threading.Thread(target=_kill_on, args=(cancel, proc), daemon=True).start()
         try:
             for event in _events(proc):
                 if "done" in event or "error" in event:
@@ -280,6 +288,8 @@ def run_child(
             proc.kill()
             proc.wait()
             raise
+        if cancel is not None and cancel.is_set():
+            raise QuantizeFailed(what, "cancelled; nothing was added to the store")
         if final is not None and "error" in final:
             raise QuantizeFailed(what, str(final["error"]))
         if rc != 0 or final is None:
@@ -288,6 +298,13 @@ def run_child(
             how = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
             raise QuantizeFailed(what, f"the worker process died ({how}); last log: {tail or '-'}")
         return dict(final["done"])
+
+
+def _kill_on(cancel: threading.Event, proc: subprocess.Popen[str]) -> None:
+    while proc.poll() is None:
+        if cancel.wait(0.1):
+            proc.kill()
+            return
 
 
 def _events(proc: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
@@ -307,6 +324,7 @@ def quantize(
     *,
     progress: Callable[[float], None] | None = None,
     n_threads: int | None = None,
+    cancel: threading.Event | None = None,
 ) -> QuantizeResult:
     """Run a checked plan; the model appears in the store only when it is complete."""
     from localllm.hardware import physical_cores
@@ -339,7 +357,7 @@ def quantize(
             if "progress" in event:
                 report(min(float(event["progress"]), 0.99))
 
-        done = run_child(job, on_event=on_event, what=plan.source.name)
+        done = run_child(job, on_event=on_event, what=plan.source.name, cancel=cancel)
         seconds = time.perf_counter() - started
         fallback = int(done.get("fallback", plan.fallback))
         tensors = int(done.get("tensors", plan.tensors))
@@ -411,6 +429,7 @@ def measure_in_child(
     max_tokens: int | None = None,
     n_threads: int | None = None,
     progress: Callable[[float], None] | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[dict[str, Any]]:
     """Size, decode tokens/s and perplexity of each model, measured in a child process."""
     report = progress or (lambda _f: None)
@@ -430,5 +449,33 @@ def measure_in_child(
         if "progress" in event:
             report(float(event["progress"]))
 
-    done = run_child(job, on_event=on_event, what=", ".join(r.name for r in refs))
+    done = run_child(job, on_event=on_event, what=", ".join(r.name for r in refs), cancel=cancel)
     return list(done["results"])
+
+
+def report_table(rows: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """The report as a header and one row per model, perplexity change against the first."""
+    base = rows[0]
+    table: list[tuple[str, ...]] = [
+        ("MODEL", "BACKEND", "TYPE", "SIZE", "DECODE TOK/S", "PERPLEXITY")
+    ]
+    for i, r in enumerate(rows):
+        delta = "" if i == 0 else f" ({(r['ppl'] / base['ppl'] - 1) * 100:+.1f}%)"
+        table.append(
+            (
+                str(r["name"]),
+                str(r["backend"]),
+                str(r["quant"]),
+                format_bytes(int(r["size"])),
+                f"{r['decode_tps']:.1f}",
+                f"{r['ppl']:.3f}{delta}",
+            )
+        )
+    return table
+
+
+def report_footer(rows: list[dict[str, Any]], text: str = HELDOUT_LABEL) -> str:
+    return (
+        f"perplexity over {rows[0]['scored']:,} scored tokens of {text} "
+        f"({rows[0]['text_tokens']:,} tokens in all); lower is better"
+    )

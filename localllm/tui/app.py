@@ -553,7 +553,12 @@ class ChatApp(App[None]):
         current = self.engine.model_ref.name if self.engine.model_ref else None
         loaded = frozenset(str(row["model"]) for row in self.engine.resident())
         picker = ModelPicker(
-            rows, available_memory(), current, show_free=self.live_status, loaded=loaded
+            rows,
+            available_memory(),
+            current,
+            show_free=self.live_status,
+            loaded=loaded,
+            models_dir=self.engine.store.models_dir,
         )
         choice = await self.push_screen_wait(picker)
         if choice is not None and choice.name != current:

@@ -6,7 +6,7 @@ import pytest
 
 from localllm.backends.base import Chunk, LoadedModel, Message, ModelRef, SamplingParams
 from localllm.backends.common import ALIGN
-from localllm.errors import ContextOverflow
+from localllm.errors import ContextOverflow, InvalidRequest
 from localllm.models.gguf import read_gguf
 from tests.conftest import CONTRACT_CTX
 
@@ -187,3 +187,35 @@ def test_follow_up_and_restored_states_give_exactly_the_cold_output(loaded: Load
     run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)
     assert loaded.load_kv(again)
     assert generated(run(loaded, p2, params)) == generated(cold)
+
+
+def test_logprobs_score_every_token_after_start(loaded: LoadedModel):
+    toks = loaded.tokenize("The old lighthouse keeper climbed the stairs every night. " * 3)
+    third = len(toks) // 3
+    lps = loaded.logprobs(toks, start=1)
+    assert len(lps) == len(toks) - 1 and all(lp <= 0 for lp in lps)
+    assert loaded.logprobs(toks, start=third) == pytest.approx(lps[third - 1:], abs=2e-3)
+    # the third time the sentence comes, the model has seen it twice: far more probable
+    first = sum(lps[: third - 1]) / (third - 1)
+    last = sum(lps[2 * third:]) / len(lps[2 * third:])
+    assert last > first + 1.0, (first, last)
+
+
+def test_logprobs_rank_the_greedy_token_first(loaded: LoadedModel):
+    prompt = chat(loaded, "Name a colour.")
+    greedy = generated(run(loaded, prompt, SamplingParams(temperature=0.0, max_tokens=1)))[0]
+    other = loaded.tokenize(" zebra")[0]
+    assert other != greedy
+    chosen = loaded.logprobs([*prompt, greedy], start=len(prompt))
+    rival = loaded.logprobs([*prompt, other], start=len(prompt))
+    assert len(chosen) == len(rival) == 1 and chosen[0] > rival[0]
+    # and the model still generates as before: scoring left no state behind
+    again = generated(run(loaded, prompt, SamplingParams(temperature=0.0, max_tokens=1)))
+    assert again == [greedy]
+
+
+def test_logprobs_refuse_more_than_the_context(loaded: LoadedModel):
+    n_ctx = loaded.info.n_ctx
+    with pytest.raises(InvalidRequest) as err:
+        loaded.logprobs([1] * (n_ctx + 1))
+    assert f"scoring needs {n_ctx + 1} tokens in one context of {n_ctx}" in err.value.message

@@ -8,14 +8,16 @@ from pathlib import Path
 import openai
 import pytest
 from textual import events
-from textual.widgets import DataTable
+from textual.widgets import DataTable, ProgressBar, Select, Static
 
 from localllm.backends import get_backend
 from localllm.history import ConversationSettings, History
+from localllm.models.quantize import quantized_from
 from localllm.models.store import ModelStore
 from localllm.tui.app import ChatApp
 from localllm.tui.screens.dialogs import FullContextScreen
 from localllm.tui.screens.model_picker import ModelPicker
+from localllm.tui.screens.quantize import QuantizeScreen
 from localllm.tui.widgets.messages import ChatMessage
 from tests.conftest import free_port
 from tests.tui.conftest import answers, app_with, ask, ready, wait_for
@@ -378,3 +380,31 @@ async def test_backend_setting_moves_the_conversation_to_mlx(make_app, history: 
         assert app.status.device.endswith("set to mlx; MLX import starter-mlx")
         stats = answers(app)[-1].stats
         assert stats is not None and stats["generated_tokens"] == 3
+
+
+async def test_model_picker_starts_a_quantization(make_app, history: History, store: ModelStore):
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(120, 44)) as pilot:
+        await ready(pilot)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
+        await pilot.press("q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuantizeScreen), "the dialog")
+        dialog = app.screen
+        assert isinstance(dialog, QuantizeScreen) and dialog.source.name == "starter"
+        await pilot.click("#start")  # q4_0 from the Q4_1 starter: refused in the dialog
+        refusal = str(dialog.query_one("#plan", Static).render())
+        assert "already quantized (Q4_1)" in refusal and dialog.result is None
+        dialog.query_one("#type", Select).value = "f16"
+        await pilot.click("#start")
+        await wait_for(pilot, lambda: dialog.result is not None and not dialog.running,
+                       "the quantization")
+        assert "Made starter-f16 (258.3 MiB)" in str(dialog.query_one("#outcome", Static).render())
+        assert quantized_from(store.models_dir / "starter-f16").startswith("f16 of starter (")
+        assert dialog.query_one("#bar", ProgressBar).progress == 100
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker again")
+        table = app.screen.query_one(DataTable)
+        names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+        assert names == ["starter", "starter-f16"]

@@ -235,3 +235,21 @@ def test_mlx_4bit_from_the_imported_starter_runs_on_mlx(
     assert main([*run, "--temperature", "0", "--stats"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() and "generated 4 tokens" in captured.err
+
+
+def test_eval_on_a_given_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text(heldout_text()[:4000], encoding="utf-8")  # about 800 tokens: one window
+    assert main(["eval", "starter", "--file", str(text), "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(
+        rf"starter \(llamacpp, Q4_1\): perplexity \d+\.\d{{3}} over 256 tokens "
+        rf"\(1 window of 512, second halves scored\) of {text}",
+        out,
+    ), out
+    text.write_text("Too short to score.", encoding="utf-8")
+    assert main(["eval", "starter", "--file", str(text)]) == 1
+    err = capsys.readouterr().err
+    assert "perplexity needs at least one window of 512 tokens; the text gives 5" in err
+    assert main(["eval", "starter", "--file", str(tmp_path / "missing.txt")]) == 1
+    assert f"cannot read {tmp_path / 'missing.txt'} as UTF-8 text" in capsys.readouterr().err

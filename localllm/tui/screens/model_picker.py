@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -43,7 +44,10 @@ def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
 class ModelPicker(ModalScreen[ModelRef | None]):
     """Enter loads the chosen model; ● marks the current one, ○ others already loaded."""
 
-    BINDINGS = [Binding("escape", "dismiss(None)", "Close")]
+    BINDINGS = [
+        Binding("escape", "dismiss(None)", "Close"),
+        Binding("q", "quantize", "Quantize"),
+    ]
 
     def __init__(
         self,
@@ -53,8 +57,10 @@ class ModelPicker(ModalScreen[ModelRef | None]):
         *,
         show_free: bool = True,
         loaded: frozenset[str] = frozenset(),
+        models_dir: Path | None = None,
     ) -> None:
         super().__init__()
+        self.models_dir = models_dir  # where quantizations go; None: Q does nothing
         self.rows, self.free_bytes, self.current = rows, free_bytes, current
         self.show_free = show_free
         self.loaded = loaded  # resident beside the current one: switching is instant
@@ -62,31 +68,52 @@ class ModelPicker(ModalScreen[ModelRef | None]):
     def compose(self) -> ComposeResult:
         free = f" · {format_bytes(self.free_bytes)} memory free" if self.show_free else ""
         with Vertical(classes="dialog wide", id="model-picker"):
-            yield Label(f"Models{free} · Enter loads, Esc closes")
+            keys = "Enter loads, Q quantizes, Esc closes" if self.models_dir else "Enter loads"
+            yield Label(f"Models{free} · {keys}")
             yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
         table.add_columns("", "name", "format", "params", "quant", "size", "context", "fits")
         for row in self.rows:
-            mark = "●" if row.ref.name == self.current else ""
-            fits = (
-                "yes" if row.fits(self.free_bytes) else f"no (needs {format_bytes(row.need_bytes)})"
-            )
-            if row.ref.name in self.loaded and row.ref.name != self.current:
-                mark, fits = "○", "loaded"
-            table.add_row(
-                mark,
-                row.ref.name,
-                row.ref.format,
-                row.params,
-                row.quant,
-                format_bytes(row.ref.size_bytes),
-                row.context,
-                fits,
-                key=row.ref.name,
-            )
+            self.add_row(table, row)
         table.focus()
+
+    def add_row(self, table: DataTable, row: ModelRow) -> None:
+        mark = "●" if row.ref.name == self.current else ""
+        fits = "yes" if row.fits(self.free_bytes) else f"no (needs {format_bytes(row.need_bytes)})"
+        if row.ref.name in self.loaded and row.ref.name != self.current:
+            mark, fits = "○", "loaded"
+        table.add_row(
+            mark,
+            row.ref.name,
+            row.ref.format,
+            row.params,
+            row.quant,
+            format_bytes(row.ref.size_bytes),
+            row.context,
+            fits,
+            key=row.ref.name,
+        )
+
+    def action_quantize(self) -> None:
+        """Open the quantize dialog on the highlighted model; its result joins the list."""
+        from localllm.tui.screens.quantize import QuantizeScreen
+
+        table = self.query_one(DataTable)
+        if self.models_dir is None or not self.rows:
+            return
+        name = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        source = next(r.ref for r in self.rows if r.ref.name == name)
+
+        def made(ref: ModelRef | None) -> None:
+            if ref is not None and all(r.ref.name != ref.name for r in self.rows):
+                row = describe(ref)
+                self.rows.append(row)
+                self.add_row(table, row)
+                table.move_cursor(row=table.row_count - 1)
+
+        self.app.push_screen(QuantizeScreen(source, self.models_dir), made)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         name = event.row_key.value
