@@ -93,6 +93,21 @@ def build_parser() -> argparse.ArgumentParser:
         )
         backend_flag(p)
         force_flag(p)
+        speculate_flags(p)
+
+    def speculate_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--speculate",
+            choices=["off", "lookup", "draft", "auto"],
+            help="speculative decoding: lookup (drafts from the prompt), draft (a draft "
+            "model), auto (default: the draft model if one is set, else lookup), off",
+        )
+        p.add_argument(
+            "--draft",
+            dest="draft_model",
+            metavar="MODEL",
+            help="a smaller model with the same vocabulary that drafts tokens",
+        )
 
     def force_flag(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -128,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     backend_flag(chat)
     force_flag(chat)
+    speculate_flags(chat)
     chat.add_argument("--port", type=_port, help=f"endpoint port (default: {DEFAULT_PORT})")
     chat.add_argument(
         "--no-serve", action="store_true", help="do not start the endpoint beside the chat"
@@ -252,7 +268,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args.command or "chat"
     if args.command is None:
         args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "chat"])
-    keys = ("model", "n_ctx", "n_threads", "host", "port", "backend", "force_load")
+    keys = (
+        "model",
+        "n_ctx",
+        "n_threads",
+        "host",
+        "port",
+        "backend",
+        "force_load",
+        "speculate",
+        "draft_model",
+    )
     flags = {k: getattr(args, k, None) for k in keys}
     flags["log_level"] = args.log_level
     try:
@@ -344,6 +370,12 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
                 f"generated {s.generated_tokens} tokens, first token {s.ttft_s * 1000:.0f} ms, "
                 f"{s.decode_tps:.1f} tokens/s, finish: {final.finish_reason}\n"
             )
+            if s.draft_proposed:
+                speedup = f", {s.speedup:.2f}x plain speed" if s.speedup else ""
+                sys.stderr.write(
+                    f"speculative: {s.draft_accepted} of {s.draft_proposed} drafted tokens "
+                    f"accepted ({s.draft_accepted / s.draft_proposed:.0%}){speedup}\n"
+                )
     finally:
         engine.close()
     return 0

@@ -95,6 +95,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         fields.append(("MLX import", imported.name if imported else "none"))
     if ref.source == "store":
         fields.extend(_provenance_fields(ref.path if ref.path.is_dir() else ref.path.parent))
+    fields.append(("drafts", _drafts_line(settings, ref)))
     fields.append(("backend", backend_line))
     if device:
         fields.append(("device", device))
@@ -135,6 +136,18 @@ def _provenance_fields(folder: Path) -> list[tuple[str, str]]:
     if source.get("identity"):
         return [("imported from", str(source["identity"].get("path", "?")))]
     return []
+
+
+def _drafts_line(settings: Settings, ref: ModelRef) -> str:
+    """Local models that can draft for this one (speculative decoding, --draft)."""
+    from localllm.models.gguf import format_bytes
+    from localllm.models.store import ModelStore, compatible_drafts
+
+    drafts = compatible_drafts(ref, ModelStore.from_settings(settings).models())
+    if not drafts:
+        return "none among local models (same vocabulary, smaller); prompt lookup needs none"
+    listed = ", ".join(f"{d.name} ({format_bytes(d.size_bytes)})" for d in drafts[:5])
+    return f"{listed}; use one with --draft NAME"
 
 
 def _memory_line(settings: Settings, need: fit.Estimate) -> str:

@@ -70,6 +70,8 @@ class Settings:
     keep_alive_s: int = 300  # idle seconds before an on-demand model unloads; -1: never
     memory_budget_mb: int | None = None  # all loaded models together; None: what is free
     force_load: bool = False  # load even when the estimate says it will not fit
+    speculate: str = "auto"  # off | lookup | draft | auto (lookup, or the draft model if set)
+    draft_model: str | None = None  # a smaller model with the target's vocabulary
     log_level: str = "warning"
     data_dir: Path = field(default_factory=_data_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
@@ -181,6 +183,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"prompt_cache_ram_mb must be 0 or more, got {s.prompt_cache_ram_mb}")
     if s.prompt_cache_disk_mb < 0:
         raise ConfigError(f"prompt_cache_disk_mb must be 0 or more, got {s.prompt_cache_disk_mb}")
+    if s.speculate not in ("off", "lookup", "draft", "auto"):
+        raise ConfigError(f"speculate must be off, lookup, draft or auto, got '{s.speculate}'")
     if s.backend not in ("auto", "llamacpp", "mlx"):
         raise ConfigError(f"backend must be auto, llamacpp or mlx, got '{s.backend}'")
     if not 0 < s.port < 65536:

@@ -48,6 +48,7 @@ class ConversationSettings:
     max_tokens: int | None = None
     n_ctx: int | None = None
     backend: str | None = None  # auto | llamacpp | mlx
+    speculate: str | None = None  # off | lookup | draft | auto
 
     def to_json(self) -> str:
         return json.dumps({k: getattr(self, k) for k in self.__dataclass_fields__})

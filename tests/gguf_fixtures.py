@@ -23,6 +23,9 @@ def copy_with_metadata(
         sub = gguf.GGUFValueType(field.types[1]) if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, field.contents(), vtype, sub_type=sub)
     for name, value in extra.items():
+        if isinstance(value, list):
+            writer.add_array(name, value)
+            continue
         vtype = gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32
         writer.add_key_value(name, value, vtype)
     for t in reader.tensors:

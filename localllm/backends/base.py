@@ -56,6 +56,7 @@ class GenerationStats:
     decode_tps: float  # generated tokens per second after the first
     draft_accepted: int = 0
     draft_proposed: int = 0
+    speedup: float = 0.0  # decode speed with drafts / measured plain speed; 0: not measured
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,18 @@ class KVSnapshot:
     payload: Any  # backend-specific: bytes (llama.cpp), arrays (MLX)
 
 
+class Drafter(Protocol):
+    """Proposes tokens for speculative decoding (see engine/speculative.py)."""
+
+    def propose(self, context: Sequence[int], limit: int) -> list[int]:
+        """Up to `limit` tokens that may follow `context` (the prompt and the answer so far)."""
+        ...
+
+    def observe(self, proposed: int, accepted: int, seconds: float) -> None:
+        """How one decode step went: drafts proposed and kept, and its time."""
+        ...
+
+
 class LoadedModel(Protocol):
     info: ModelInfo
 
@@ -141,7 +154,12 @@ class LoadedModel(Protocol):
         params: SamplingParams,
         *,
         should_stop: Callable[[], bool],
+        drafter: Drafter | None = None,
     ) -> Iterator[Chunk]: ...
+
+    def draft_greedy(self, context: Sequence[int], n: int) -> list[int]:
+        """The greedy continuation of `context`, n tokens (as a draft model); reuses its KV."""
+        ...
 
     # -- KV cache states (the engine's prompt cache) ------------------------------------
     def kv_prefix(self) -> list[int]:

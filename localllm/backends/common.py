@@ -141,6 +141,9 @@ def final_chunk(
     t0: float,
     t_first: float,
     t_end: float,
+    *,
+    proposed: int = 0,
+    accepted: int = 0,
 ) -> Chunk:
     """The chunk that ends every stream: the last text, the finish reason and the stats."""
     tps = (generated - 1) / (t_end - t_first) if generated > 1 and t_end > t_first else 0.0
@@ -150,5 +153,7 @@ def final_chunk(
         generated_tokens=generated,
         ttft_s=(t_first - t0) if generated else 0.0,
         decode_tps=tps,
+        draft_accepted=accepted,
+        draft_proposed=proposed,
     )
     return Chunk(tail, (), finish_reason=finish, stats=stats)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from localllm.backends.base import (
     DEFAULT_MAX_CTX,
     Chunk,
+    Drafter,
     FimTokens,
     FinishReason,
     KVSnapshot,
@@ -39,6 +40,7 @@ from localllm.backends.common import (
     check_scoring,
     final_chunk,
     pick_logprobs,
+    reusable_prefix,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
@@ -347,12 +349,17 @@ class LlamaCppModel:
         params: SamplingParams,
         *,
         should_stop: Callable[[], bool],
+        drafter: Drafter | None = None,
     ) -> Iterator[Chunk]:
         check_request(len(prompt), self.info.n_ctx, params)
-        return self._generate(prompt, params, should_stop)
+        return self._generate(prompt, params, should_stop, drafter)
 
     def _generate(
-        self, prompt: Sequence[int], params: SamplingParams, should_stop: Callable[[], bool]
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        should_stop: Callable[[], bool],
+        drafter: Drafter | None,
     ) -> Iterator[Chunk]:
         ll, ctx = self._ll, self._ctx
         t0 = time.perf_counter()
@@ -366,14 +373,23 @@ class LlamaCppModel:
             if params.max_tokens is not None:
                 limit = min(params.max_tokens, n_ctx_left)
             text = TextAssembler(params.stop)
-            eog, one, kv = self.info.eog_ids, self._one, self._kv.tokens
+            eog, kv = self.info.eog_ids, self._kv.tokens
             generated, t_first = 0, t0
             finish: FinishReason = "length"
+            kept: list[int] = []  # accepted drafts: sampled, and already in the KV cache
+            nxt: int | None = None  # sampled by a verification, not yet in the KV cache
+            proposed = accepted = 0
             while generated < limit:
                 if should_stop():
                     finish = "cancelled"
                     break
-                tok = ll.llama_sampler_sample(sampler, ctx, -1)
+                from_draft = 1 if kept else 0
+                if kept:
+                    tok = kept.pop(0)
+                elif nxt is not None:
+                    tok, nxt = nxt, None
+                else:
+                    tok = ll.llama_sampler_sample(sampler, ctx, -1)
                 if tok in eog:
                     finish = "stop"
                     break
@@ -383,22 +399,98 @@ class LlamaCppModel:
                 piece = text.push(self._piece(tok))
                 # The token goes out before it is evaluated: the reader gets it one decode
                 # step sooner, and works on it while the next logits are computed.
-                yield Chunk(piece, (tok,))
+                yield Chunk(piece, (tok,), from_draft=from_draft)
                 if text.stopped:
                     finish = "stop"
                     break
-                if generated < limit:
-                    one[0] = tok
-                    rc = ll.llama_decode(ctx, ll.llama_batch_get_one(one, 1))
-                    if rc != 0:
-                        self._reset_kv()
-                        raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
-                    kv.append(tok)
+                if from_draft or generated >= limit:
+                    continue  # an accepted draft is in the cache already
+                room = min(limit - generated, self.info.n_ctx - len(kv) - 1)
+                draft = drafter.propose([*kv, tok], room) if drafter and room > 0 else []
+                t_step = time.perf_counter()
+                if not draft:
+                    self._decode_one(tok)
+                    if drafter is not None:
+                        drafter.observe(0, 0, time.perf_counter() - t_step)
+                    continue
+                assert drafter is not None
+                nxt, n_ok = self._verify(tok, draft, sampler)
+                kept = draft[:n_ok]
+                proposed, accepted = proposed + len(draft), accepted + n_ok
+                drafter.observe(len(draft), n_ok, time.perf_counter() - t_step)
             tail = "" if text.stopped else text.flush()
             t_end = time.perf_counter()
-            yield final_chunk(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
+            yield final_chunk(
+                tail,
+                finish,
+                len(prompt),
+                cached,
+                generated,
+                t0,
+                t_first,
+                t_end,
+                proposed=proposed,
+                accepted=accepted,
+            )
         finally:
             ll.llama_sampler_free(sampler)
+
+    def _decode_one(self, tok: int) -> None:
+        ll, one = self._ll, self._one
+        one[0] = tok
+        rc = ll.llama_decode(self._ctx, ll.llama_batch_get_one(one, 1))
+        if rc != 0:
+            self._reset_kv()
+            raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
+        self._kv.tokens.append(tok)
+
+    def _verify(self, tok: int, draft: list[int], sampler: Any) -> tuple[int, int]:
+        """Evaluate tok and the draft in one batch; the target samples each position and a
+        draft token is kept while it equals that sample. Returns the first sample that is
+        not a kept draft (a correction, or the token after a fully kept draft) and how
+        many drafts were kept; the rejected drafts leave the KV cache."""
+        ll, kv = self._ll, self._kv.tokens
+        part = [tok, *draft]
+        base = len(kv)
+        batch = ll.llama_batch_init(len(part), 0, 1)
+        try:
+            for i, t in enumerate(part):
+                batch.token[i], batch.pos[i] = t, base + i
+                batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, True
+            batch.n_tokens = len(part)
+            rc = ll.llama_decode(self._ctx, batch)
+        finally:
+            ll.llama_batch_free(batch)
+        if rc != 0:
+            self._reset_kv()
+            raise LocalLLMError(f"llama_decode failed with code {rc} while verifying a draft")
+        kv.extend(part)
+        n_ok = 0
+        while True:
+            sampled = int(ll.llama_sampler_sample(sampler, self._ctx, n_ok))
+            if n_ok == len(draft) or sampled != draft[n_ok]:
+                break
+            n_ok += 1
+        self._truncate(base + 1 + n_ok)
+        return sampled, n_ok
+
+    def draft_greedy(self, context: Sequence[int], n: int) -> list[int]:
+        """Greedy tokens after `context`, reusing the cached prefix (this model as a draft)."""
+        ll = self._ll
+        # the last context token is evaluated again, for its logits
+        self._truncate(reusable_prefix(self._kv.tokens, context[:-1]))
+        if not self._decode(context[len(self._kv.tokens) :], lambda: False):
+            return []
+        out: list[int] = []
+        room = self.info.n_ctx - len(self._kv.tokens)
+        vocab_n = int(ll.llama_vocab_n_tokens(self._vocab))
+        for _ in range(min(n, room)):
+            logits = ll.llama_get_logits_ith(self._ctx, -1)
+            best = _argmax(logits, vocab_n)
+            out.append(best)
+            if len(out) < n:
+                self._decode_one(best)
+        return out
 
     # -- scoring (perplexity) ------------------------------------------------------
     def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:
@@ -444,3 +536,9 @@ class LlamaCppModel:
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
+
+
+def _argmax(logits: Any, n: int) -> int:
+    import numpy as np
+
+    return int(np.argmax(np.ctypeslib.as_array(logits, (n,))))

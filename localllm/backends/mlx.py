@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from localllm.backends.base import (
     Chunk,
+    Drafter,
     FimTokens,
     FinishReason,
     KVSnapshot,
@@ -43,6 +44,7 @@ from localllm.backends.common import (
     check_request,
     check_scoring,
     final_chunk,
+    reusable_prefix,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
@@ -414,9 +416,116 @@ class MlxModel:
         params: SamplingParams,
         *,
         should_stop: Callable[[], bool],
+        drafter: Drafter | None = None,
     ) -> Iterator[Chunk]:
         check_request(len(prompt), self.info.n_ctx, params)
+        if drafter is not None:
+            return self._generate_drafted(list(prompt), params, should_stop, drafter)
         return self._generate(list(prompt), params, should_stop)
+
+    def _generate_drafted(
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        should_stop: Callable[[], bool],
+        drafter: Drafter,
+    ) -> Iterator[Chunk]:
+        """Generation with drafts verified in one batch per step (not pipelined: each step
+        waits for its logits, since the next step depends on how many drafts were kept)."""
+        t0 = time.perf_counter()
+        cached = self._reuse_prefix(prompt)
+        try:
+            if not self._prefill(prompt[cached:-1], should_stop):
+                yield final_chunk("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
+                return
+        except Exception as exc:
+            self._reset_kv()
+            raise LocalLLMError(f"MLX failed while reading the prompt: {exc}") from exc
+        sample = self._sampler(params, prompt)
+        kv = self._kv.tokens
+        limit = n_ctx_left = self.info.n_ctx - len(prompt)
+        if params.max_tokens is not None:
+            limit = min(params.max_tokens, n_ctx_left)
+        text = TextAssembler(params.stop)
+        eog, pieces = self.info.eog_ids, self._pieces
+        generated, t_first = 0, t0
+        finish: FinishReason = "length"
+        proposed = accepted = 0
+        kept: list[int] = []
+        nxt = self._step_drafted(prompt[-1], [], sample)[0]
+        while generated < limit:
+            if should_stop():
+                finish = "cancelled"
+                break
+            from_draft = 1 if kept else 0
+            tok = kept.pop(0) if kept else nxt
+            if tok in eog:
+                finish = "stop"
+                break
+            generated += 1
+            if generated == 1:
+                t_first = time.perf_counter()
+            piece = text.push(pieces[tok] if tok < len(pieces) else b"")
+            yield Chunk(piece, (tok,), from_draft=from_draft)
+            if text.stopped:
+                finish = "stop"
+                break
+            if from_draft or generated >= limit:
+                continue
+            room = min(limit - generated, self.info.n_ctx - len(kv) - 1)
+            draft = drafter.propose([*kv, tok], room) if room > 0 else []
+            t_step = time.perf_counter()
+            nxt, n_ok = self._step_drafted(tok, draft, sample)
+            kept = draft[:n_ok]
+            proposed, accepted = proposed + len(draft), accepted + n_ok
+            drafter.observe(len(draft), n_ok, time.perf_counter() - t_step)
+        tail = "" if text.stopped else text.flush()
+        t_end = time.perf_counter()
+        yield final_chunk(
+            tail,
+            finish,
+            len(prompt),
+            cached,
+            generated,
+            t0,
+            t_first,
+            t_end,
+            proposed=proposed,
+            accepted=accepted,
+        )
+
+    def _step_drafted(
+        self, tok: int, draft: list[int], sample: Callable[[Any], Any]
+    ) -> tuple[int, int]:
+        """Evaluate tok and the draft; keep drafts while they equal the target's samples.
+        Returns the first sample that is not a kept draft, and how many were kept."""
+        mx = self._mx
+        base = len(self._kv.tokens)
+        part = [tok, *draft]
+        logits = self._model(mx.array(part)[None], cache=self._cache)
+        self._kv.tokens.extend(part)
+        n_ok = 0
+        while True:
+            sampled = int(sample(logits[:, n_ok, :]).item())
+            if n_ok == len(draft) or sampled != draft[n_ok]:
+                break
+            n_ok += 1
+        self._truncate(base + 1 + n_ok)
+        return sampled, n_ok
+
+    def draft_greedy(self, context: Sequence[int], n: int) -> list[int]:
+        """Greedy tokens after `context`, reusing the cached prefix (this model as a draft)."""
+        mx = self._mx
+        self._truncate(reusable_prefix(self._kv.tokens, context[:-1]))
+        self._prefill(context[len(self._kv.tokens) : -1], lambda: False)
+        out: list[int] = []
+        tok = context[-1]
+        for _ in range(min(n, self.info.n_ctx - len(self._kv.tokens) - 1)):
+            logits = self._model(mx.array([tok])[None], cache=self._cache)
+            self._kv.tokens.append(tok)
+            tok = int(mx.argmax(logits[:, -1, :], axis=-1).item())
+            out.append(tok)
+        return out
 
     def _generate(
         self, prompt: list[int], params: SamplingParams, should_stop: Callable[[], bool]

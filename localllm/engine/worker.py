@@ -34,6 +34,7 @@ from localllm.backends.base import (
 )
 from localllm.config import Settings
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
+from localllm.engine.speculative import Speculation
 from localllm.engine.stream import END, ChunkStream, Started
 from localllm.errors import (
     ContextOverflow,
@@ -64,6 +65,8 @@ class Request:
     context_policy: str = "error"
     # seconds an on-demand model stays loaded after this request (None: the setting's)
     keep_alive: float | None = None
+    speculate: str | None = None  # off | lookup | draft | auto; None: the setting's
+    draft_model: str | None = None  # None: the setting's
 
 
 @dataclass(slots=True)
@@ -122,6 +125,7 @@ class Engine:
             settings.cache_dir / "kv" if settings.prompt_cache_disk_mb > 0 else None,
             settings.prompt_cache_disk_mb * 1024 * 1024,
         )
+        self.speculation = Speculation(settings, self.store)
         self._backend = settings.backend  # the preference models load with
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._outstanding = 0
@@ -340,6 +344,7 @@ class Engine:
         self._resident.pop(res.ref.path, None)
         if self._default is res:
             self._default = None
+        self.speculation.release(res.ref)
         res.model.close()
 
     def _expire(self) -> float | None:
@@ -452,6 +457,7 @@ class Engine:
             wait = self._expire()
         for res in list(self._resident.values()):
             self._unload(res)  # saves each live state to disk: a restart picks it up again
+        self.speculation.close()
 
     def _serve(self, job: _Job) -> None:
         request = job.request
@@ -484,18 +490,25 @@ class Engine:
         started: Started | None = Started(ref.name, len(tokens), dropped, before)
         self.totals["requests"] += 1
         self.cache.prepare(tokens)
-        for chunk in model.stream(tokens, request.params, should_stop=job.cancel.is_set):
+        drafter = self.speculation.drafter(request, ref, model)
+        stream = model.stream(
+            tokens, request.params, should_stop=job.cancel.is_set, drafter=drafter
+        )
+        for chunk in stream:
             if started is not None:
                 # Sent with the first chunk, not before the prefill: the reply's headers are
                 # then written while the model decodes instead of competing with the prefill.
                 job.emit(started)
                 started = None
+            if chunk.finish_reason is not None:
+                chunk = self.speculation.with_speedup(chunk, drafter)
             if chunk.finish_reason is not None and chunk.stats is not None:
                 self.totals["prompt_tokens"] += chunk.stats.prompt_tokens
                 self.totals["generated_tokens"] += chunk.stats.generated_tokens
                 self.totals["cancelled"] += chunk.finish_reason == "cancelled"
                 self.cache.finished(chunk.stats.cached_tokens)
             job.emit(chunk)
+        self.speculation.finished(ref, drafter)
         job.emit(END)
 
 

@@ -250,3 +250,33 @@ class ModelStore:
                 name, choices, detail="several GGUF files match; name one, e.g. repo:Q4_K_M"
             )
         return None
+
+
+def can_draft_for(draft: ModelRef, target: ModelRef) -> bool:
+    """Size and format allow `draft` to draft for `target` (the vocabulary is checked apart):
+    it is smaller, and it runs where the target runs (a GGUF is imported for MLX)."""
+    fits_backend = draft.format == target.format or target.format == "mlx"
+    return fits_backend and draft.size_bytes < target.size_bytes
+
+
+def compatible_drafts(target: ModelRef, models: list[ModelRef]) -> list[ModelRef]:
+    """Local models that can draft for `target`: smaller, with the same vocabulary
+    (an on-device INT4 copy of the target is one), smallest first."""
+    from localllm.errors import LocalLLMError
+    from localllm.models.gguf import read_meta
+
+    def fingerprint(ref: ModelRef) -> str | None:
+        try:
+            return read_meta(ref.path, ref.format).vocab_fingerprint
+        except LocalLLMError:
+            return None
+
+    mine = fingerprint(target)
+    if mine is None:
+        return []
+    found = [
+        r
+        for r in models
+        if r.path != target.path and can_draft_for(r, target) and fingerprint(r) == mine
+    ]
+    return sorted(found, key=lambda r: r.size_bytes)

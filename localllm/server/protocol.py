@@ -81,6 +81,9 @@ class SamplingFields(_Wire):
     # extension: how long an on-demand model stays loaded after this request, like
     # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
     keep_alive: float | None = None
+    # extension: speculative decoding for this request, and its draft model
+    speculate: Literal["off", "lookup", "draft", "auto"] | None = None
+    draft_model: str | None = None
 
     @field_validator("keep_alive", mode="before")
     @classmethod
@@ -159,12 +162,20 @@ def now() -> int:
 
 def usage(stats: GenerationStats | None, prompt_tokens: int) -> dict:
     completion_tokens = stats.generated_tokens if stats else 0
-    return {
+    out: dict = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens if stats else 0},
     }
+    if stats and stats.draft_proposed:  # extension: speculative decoding's figures
+        out["speculative"] = {
+            "proposed_tokens": stats.draft_proposed,
+            "accepted_tokens": stats.draft_accepted,
+            "acceptance": round(stats.draft_accepted / stats.draft_proposed, 4),
+            "speedup": round(stats.speedup, 3),
+        }
+    return out
 
 
 def wire_finish(reason: FinishReason | None) -> str | None:

@@ -106,6 +106,8 @@ async def chat_completions(
         model=body.model,
         context_policy=policy,
         keep_alive=body.keep_alive,
+        speculate=body.speculate,
+        draft_model=body.draft_model,
     )
     return await _respond(request, body, req, wire.ChatShapes)
 
@@ -118,7 +120,12 @@ async def completions(
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
         tokens = [int(t) for t in prompt]
         req = EngineRequest(
-            body.sampling(), prompt_tokens=tokens, model=body.model, keep_alive=body.keep_alive
+            body.sampling(),
+            prompt_tokens=tokens,
+            model=body.model,
+            keep_alive=body.keep_alive,
+            speculate=body.speculate,
+            draft_model=body.draft_model,
         )
     else:
         text = prompt[0] if isinstance(prompt, list) else prompt
@@ -128,6 +135,8 @@ async def completions(
             suffix=body.suffix,
             model=body.model,
             keep_alive=body.keep_alive,
+            speculate=body.speculate,
+            draft_model=body.draft_model,
         )
     return await _respond(request, body, req, wire.TextShapes)
 

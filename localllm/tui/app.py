@@ -40,7 +40,7 @@ from localllm.tui.screens.dialogs import ConfirmScreen, FullContextScreen, Renam
 from localllm.tui.screens.model_picker import ModelPicker, describe
 from localllm.tui.screens.settings import SettingsScreen
 from localllm.tui.widgets.chat_input import ChatInput
-from localllm.tui.widgets.messages import ChatMessage
+from localllm.tui.widgets.messages import ChatMessage, speculation_text
 from localllm.tui.widgets.status import StatusBar
 
 
@@ -339,7 +339,7 @@ class ChatApp(App[None]):
         params = SamplingParams().with_overrides(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
         )
-        return Request(params, messages=messages)
+        return Request(params, messages=messages, speculate=s.speculate)
 
     @work(exclusive=True, group="generate", exit_on_error=False)
     async def generate(self) -> None:
@@ -470,6 +470,9 @@ class ChatApp(App[None]):
             if final is not None and final.stats is not None and self.engine.model_info:
                 used = final.stats.prompt_tokens + final.stats.generated_tokens
                 self.status.context = f"ctx {used}/{self.engine.model_info.n_ctx}"
+                self.status.speculation = (
+                    speculation_text(stats) if stats and stats.get("draft_proposed") else ""
+                )
             self.chat.scroll_end(animate=False)
 
     def action_stop(self) -> None:

@@ -15,6 +15,7 @@ from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError
 from localllm.models import fit
 from localllm.models.gguf import ModelMeta, format_bytes, format_params, read_meta
+from localllm.models.store import can_draft_for
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,7 @@ class ModelRow:
     quant: str
     context: str
     need_bytes: int
+    vocab: str | None = None  # the vocabulary fingerprint: models that share one can draft
 
     def fits(self, free_bytes: int) -> bool:
         return self.need_bytes <= free_bytes
@@ -38,7 +40,14 @@ def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
     need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx).total
     if meta is None:
         return ModelRow(ref, "?", "unreadable", "?", need)
-    return ModelRow(ref, format_params(meta.params), meta.quant, str(meta.n_ctx_train), need)
+    return ModelRow(
+        ref,
+        format_params(meta.params),
+        meta.quant,
+        str(meta.n_ctx_train),
+        need,
+        meta.vocab_fingerprint,
+    )
 
 
 class ModelPicker(ModalScreen[ModelRef | None]):
@@ -74,7 +83,9 @@ class ModelPicker(ModalScreen[ModelRef | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("", "name", "format", "params", "quant", "size", "context", "fits")
+        table.add_columns(
+            "", "name", "format", "params", "quant", "size", "context", "fits", "drafts"
+        )
         for row in self.rows:
             self.add_row(table, row)
         table.focus()
@@ -93,8 +104,18 @@ class ModelPicker(ModalScreen[ModelRef | None]):
             format_bytes(row.ref.size_bytes),
             row.context,
             fits,
+            self.drafts(row),
             key=row.ref.name,
         )
+
+    def drafts(self, row: ModelRow) -> str:
+        """The local models that could draft for this one (speculative decoding)."""
+        names = [
+            r.ref.name
+            for r in self.rows
+            if r is not row and r.vocab and r.vocab == row.vocab and can_draft_for(r.ref, row.ref)
+        ]
+        return ", ".join(names[:2]) + (f" +{len(names) - 2}" if len(names) > 2 else "")
 
     def action_quantize(self) -> None:
         """Open the quantize dialog on the highlighted model; its result joins the list."""

@@ -17,7 +17,7 @@ FIELDS = (
     ("n_ctx", "Context size in tokens (blank: model default)", int, 16, 1_048_576),
 )
 BACKENDS = ("auto", "llamacpp", "mlx")
-BACKEND_LABEL = "Backend: auto, llamacpp or mlx (blank: the app's setting)"
+BACKEND_LABEL = "Backend: auto, llamacpp, mlx"
 
 
 def parse_backend(text: str) -> str | None:
@@ -26,6 +26,21 @@ def parse_backend(text: str) -> str | None:
         return None
     if value not in BACKENDS:
         raise ValueError(f"Backend: '{text.strip()}' is not one of {', '.join(BACKENDS)}")
+    return value
+
+
+SPECULATE = ("off", "lookup", "draft", "auto")
+SPECULATE_LABEL = "Speculation: off, lookup, draft, auto (blank: the app default)"
+
+
+def parse_speculate(text: str) -> str | None:
+    value = text.strip().lower()
+    if not value:
+        return None
+    if value not in SPECULATE:
+        raise ValueError(
+            f"Speculative decoding: '{text.strip()}' is not one of {', '.join(SPECULATE)}"
+        )
     return value
 
 
@@ -61,8 +76,12 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
                 value = getattr(self.current, name)
                 yield Label(label)
                 yield Input("" if value is None else str(value), id=name)
-            yield Label(BACKEND_LABEL)
-            yield Input(self.current.backend or "", id="backend")
+            yield Label(f"{BACKEND_LABEL} · {SPECULATE_LABEL}")
+            with Horizontal(classes="pair"):
+                yield Input(self.current.backend or "", placeholder="backend", id="backend")
+                yield Input(
+                    self.current.speculate or "", placeholder="speculative decoding", id="speculate"
+                )
             yield Label("", id="error", classes="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -82,6 +101,7 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
                 for name, *_ in FIELDS
             }
             values["backend"] = parse_backend(self.query_one("#backend", Input).value)
+            values["speculate"] = parse_speculate(self.query_one("#speculate", Input).value)
         except ValueError as exc:
             self.query_one("#error", Label).update(str(exc))
             return

@@ -19,11 +19,22 @@ def stats_line(stats: dict[str, Any] | None) -> str:
     if stats.get("ttft_s") is not None:
         parts.append(f"first token {stats['ttft_s'] * 1000:.0f} ms")
     parts.append(f"{stats.get('cached_tokens', 0)} cached")
+    if stats.get("draft_proposed"):
+        parts.append(speculation_text(stats))
     if stats.get("finish_reason") == "cancelled":
         parts.append("stopped")
     elif stats.get("finish_reason") == "length":
         parts.append("hit the token limit")
     return " · ".join(parts)
+
+
+def speculation_text(stats: dict[str, Any]) -> str:
+    """'drafts 41/52 (79%), 1.4x' from stored stats."""
+    proposed, accepted = stats["draft_proposed"], stats.get("draft_accepted", 0)
+    text = f"drafts {accepted}/{proposed} ({accepted / proposed:.0%})"
+    if stats.get("speedup"):
+        text += f", {stats['speedup']:.2f}x"
+    return text
 
 
 class ChatMessage(Vertical):

@@ -13,11 +13,17 @@ class StatusBar(Static):
     context: reactive[str] = reactive("")
     memory: reactive[str] = reactive("")
     state: reactive[str] = reactive("")
+    speculation: reactive[str] = reactive("")  # the last answer's drafts and speed-up
 
     def render(self) -> str:
-        parts = [
-            p
-            for p in (self.state, self.model, self.device, self.endpoint, self.context, self.memory)
-            if p
-        ]
+        fields = (
+            self.state,
+            self.model,
+            self.device,
+            self.endpoint,
+            self.context,
+            self.speculation,
+            self.memory,
+        )
+        parts = [p for p in fields if p]
         return "  ·  ".join(parts)

@@ -1,0 +1,154 @@
+"""Speculative decoding against plain decoding, side by side on the same loaded model.
+
+Greedy, llama.cpp, two threads, context 2048. Each prompt is answered plain and with
+the drafter the engine would build (engine/speculative.py), alternating which goes
+first, ROUNDS times; the figure is decode tokens/s (after the first token) with drafts
+over plain, median over prompts and rounds, with the acceptance of the drafted runs.
+Every drafted answer is checked to be token for token the plain one.
+
+(a) code editing (rewrite a given function with one small change), prompt lookup,
+    on the starter model;
+(b) draft model: the starter dequantized to F16 as the target, its Q4_0 as the draft
+    (both made with `localllm quantize`), on open-ended and code prompts;
+(c) open-ended chat in `auto` (no draft model set: prompt lookup) on the starter.
+
+    python -m benchmarks.bench_speculative [--rounds N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from benchmarks.common import machine
+from localllm.backends.base import Drafter, LoadedModel, LoadOptions, Message, SamplingParams
+from localllm.backends.llamacpp import LlamaCppModel
+from localllm.engine.speculative import ModelDraft, PromptLookup, Tuner
+from localllm.models import quantize as q
+from localllm.models.store import ModelStore
+
+MAX_TOKENS = 160
+FUNCS = [
+    (
+        "def total_price(items, tax_rate):\n    subtotal = 0\n    for item in items:\n"
+        "        subtotal += item.price * item.quantity\n    tax = subtotal * tax_rate\n"
+        "    return subtotal + tax\n",
+        "rename it to compute_total",
+    ),
+    (
+        "def read_config(path):\n    with open(path) as fh:\n        lines = fh.readlines()\n"
+        "    config = {}\n    for line in lines:\n        key, value = line.split('=')\n"
+        "        config[key.strip()] = value.strip()\n    return config\n",
+        "skip lines that start with '#'",
+    ),
+    (
+        "class Counter:\n    def __init__(self):\n        self.count = 0\n\n"
+        "    def increment(self):\n        self.count += 1\n        return self.count\n\n"
+        "    def reset(self):\n        self.count = 0\n",
+        "add a decrement method",
+    ),
+    (
+        "function greet(name) {\n  if (!name) {\n    return 'Hello, stranger!';\n  }\n"
+        "  return 'Hello, ' + name + '!';\n}\n",
+        "use a template string",
+    ),
+]
+CODE = [f"Rewrite this code and {change}; change nothing else.\n\n{code}" for code, change in FUNCS]
+CHAT = [
+    "Tell me about the history of the bicycle.",
+    "What should I pack for a week of hiking?",
+    "Explain how a rainbow forms.",
+    "Write a short poem about autumn.",
+]
+
+
+def decode(
+    model: LoadedModel, prompt: list[int], drafter: Drafter | None
+) -> tuple[list[int], float, int, int]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    out: list[int] = []
+    tps, proposed, accepted = 0.0, 0, 0
+    for chunk in model.stream(prompt, params, should_stop=lambda: False, drafter=drafter):
+        out.extend(chunk.tokens)
+        if chunk.stats is not None:
+            tps, proposed, accepted = (
+                chunk.stats.decode_tps,
+                chunk.stats.draft_proposed,
+                chunk.stats.draft_accepted,
+            )
+    return out, tps, proposed, accepted
+
+
+def compare(
+    label: str,
+    model: LoadedModel,
+    prompts: list[str],
+    make: Callable[[], Drafter],
+    rounds: int,
+) -> None:
+    ratios, proposed, accepted, plain_tps, spec_tps = [], 0, 0, [], []
+    for r in range(rounds):
+        for i, text in enumerate(prompts):
+            prompt = model.render_chat([Message("user", text)])
+            runs: dict[str, tuple[list[int], float, int, int]] = {}
+            order = ("plain", "spec") if (r + i) % 2 == 0 else ("spec", "plain")
+            for kind in order:
+                runs[kind] = decode(model, prompt, make() if kind == "spec" else None)
+            assert runs["spec"][0] == runs["plain"][0], f"{label}: output differs on {text!r}"
+            ratios.append(runs["spec"][1] / runs["plain"][1])
+            plain_tps.append(runs["plain"][1])
+            spec_tps.append(runs["spec"][1])
+            proposed += runs["spec"][2]
+            accepted += runs["spec"][3]
+    share = accepted / proposed if proposed else 0.0
+    print(
+        f"| {label} | {len(prompts)} x {rounds} | {statistics.median(plain_tps):.1f} | "
+        f"{statistics.median(spec_tps):.1f} | {statistics.median(ratios):.3f} "
+        f"({min(ratios):.2f}-{max(ratios):.2f}) | {share:.0%} ({accepted}/{proposed}) |",
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    print(machine())
+    print("\n| workload | prompts x rounds | plain tok/s | drafted tok/s | ratio median (range) "
+          "| acceptance |")
+    print("|---|---|---|---|---|---|")
+    options = LoadOptions(n_ctx=2048, n_threads=2)
+    store = ModelStore(Path("/nonexistent"))
+    starter = store.resolve("starter")
+    model = LlamaCppModel(starter, options)
+
+    def lookup() -> Drafter:
+        return PromptLookup(Tuner(n_start=4, n_max=8, label="lookup"))
+
+    try:
+        compare("(a) code edits, lookup, starter", model, CODE, lookup, args.rounds)
+        compare("(c) open-ended chat, auto (lookup), starter", model, CHAT, lookup, args.rounds)
+    finally:
+        model.close()
+    with tempfile.TemporaryDirectory(prefix="bench-spec-") as tmp:
+        models = Path(tmp)
+        f16 = q.quantize(q.plan_quantize(starter, "f16", models_dir=models), models).ref
+        q4 = q.quantize(q.plan_quantize(f16, "q4_0", models_dir=models), models).ref
+        target, draft = LlamaCppModel(f16, options), LlamaCppModel(q4, options)
+
+        def drafted() -> Drafter:
+            return ModelDraft(Tuner(n_start=3, n_max=6, label="draft"), draft.draft_greedy)
+
+        try:
+            compare("(b) draft model: F16 target, Q4_0 draft", target, CHAT + CODE, drafted,
+                    args.rounds)
+        finally:
+            target.close()
+            draft.close()
+
+
+if __name__ == "__main__":
+    main()

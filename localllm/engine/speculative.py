@@ -1,0 +1,263 @@
+"""Speculative decoding policy: where drafts come from, how long they are, when to stop.
+
+A backend's generation loop asks its `Drafter` for up to n tokens that may follow
+the tokens so far, evaluates the current token and the draft in one batch, keeps
+the draft's longest prefix that the target model itself samples, and reports back
+how long that step took and how much it kept. The policy here turns those reports
+into a draft length and into the decision to stop drafting when it does not pay.
+
+Exactness does not depend on the policy: the target samples every position with
+its own sampler and a draft token is kept only where it equals that sample, so the
+output is what the target alone would produce (token for token when greedy; with
+sampling, drafts that are a single deterministic guess per position make
+"sample and compare" the standard accept/reject rule).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from localllm.backends.base import Chunk, Drafter, LoadedModel, ModelRef
+from localllm.errors import InvalidRequest
+
+log = logging.getLogger(__name__)
+
+MODES = ("off", "lookup", "draft", "auto")
+NGRAM_MAX = 4
+NGRAM_MIN = 2
+SLOWER_LIMIT = 0.97  # drafting must keep at least this share of plain speed to go on
+TRIAL_STEPS = 6  # drafting steps judged before the first verdict
+PLAIN_SAMPLES = 4  # plain steps measured before drafting is judged against them
+
+
+@dataclass
+class SpecStats:
+    proposed: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+class Tuner:
+    """Measures plain and drafted steps of one request; adapts n; switches drafting off.
+
+    Speeds are compared as seconds per emitted token. A drafted step that keeps a of
+    n drafts emits a + 1 tokens. Plain steps are the ones without a draft (nothing to
+    propose, or deliberately plain while measuring).
+    """
+
+    def __init__(self, *, n_start: int, n_max: int, label: str) -> None:
+        self.n = n_start
+        self.n_max = n_max
+        self.label = label
+        self.stats = SpecStats()
+        self.enabled = True
+        self.plain_time = 0.0
+        self.plain_tokens = 0
+        self.spec_time = 0.0
+        self.spec_tokens = 0
+        self.verdict = ""
+
+    def plain_step(self, seconds: float) -> None:
+        self.plain_time += seconds
+        self.plain_tokens += 1
+
+    def drafted_step(self, proposed: int, accepted: int, seconds: float) -> None:
+        s = self.stats
+        s.proposed += proposed
+        s.accepted += accepted
+        s.steps += 1
+        self.spec_time += seconds
+        self.spec_tokens += accepted + 1
+        if accepted == proposed:
+            self.n = min(self.n + 2, self.n_max)
+        else:
+            self.n = max(1, min(self.n, accepted + 1))
+        self._judge()
+
+    def want_plain(self) -> bool:
+        """Measure plain speed first, so there is something to compare drafting with."""
+        return self.plain_tokens < PLAIN_SAMPLES
+
+    def _judge(self) -> None:
+        if self.stats.steps < TRIAL_STEPS:
+            return
+        if self.stats.accepted == 0:  # one token per step, as plain decoding, at a higher cost
+            self._switch_off("no draft token was accepted")
+            return
+        if self.plain_tokens < PLAIN_SAMPLES:
+            return
+        plain = self.plain_time / self.plain_tokens
+        spec = self.spec_time / self.spec_tokens
+        if plain / spec < SLOWER_LIMIT:
+            self._switch_off(f"{plain / spec:.2f}x of plain speed")
+
+    def _switch_off(self, why: str) -> None:
+        self.enabled = False
+        self.verdict = (
+            f"{self.label}: drafting switched off ({why}; {self.stats.acceptance:.0%} "
+            f"acceptance over {self.stats.steps} steps)"
+        )
+        log.info(self.verdict)
+
+
+class PromptLookup:
+    """Drafts by n-gram lookup: the tokens that followed the latest earlier occurrence of
+    the last few tokens, in the prompt or the answer so far. Costs no model call."""
+
+    def __init__(self, tuner: Tuner) -> None:
+        self.tuner = tuner
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are in the index
+
+    def propose(self, context: Sequence[int], limit: int) -> list[int]:
+        if not self.tuner.enabled or limit < 1:
+            return []
+        end = len(context)
+        for stop in range(max(self._indexed, 1), end):  # n-grams ending at stop-1
+            for n in range(NGRAM_MIN, NGRAM_MAX + 1):
+                if stop - n >= 0:
+                    self._index[tuple(context[stop - n : stop])] = stop
+        self._indexed = max(self._indexed, end)
+        for n in range(NGRAM_MAX, NGRAM_MIN - 1, -1):
+            if end < n:
+                continue
+            at = self._index.get(tuple(context[end - n :]))
+            if at is not None and at < end:
+                return list(context[at : at + min(self.tuner.n, limit)])
+        return []
+
+    def observe(self, proposed: int, accepted: int, seconds: float) -> None:
+        if proposed:
+            self.tuner.drafted_step(proposed, accepted, seconds)
+        else:
+            self.tuner.plain_step(seconds)
+
+
+class ModelDraft:
+    """Drafts with a smaller model of the same vocabulary: its greedy continuation."""
+
+    def __init__(self, tuner: Tuner, greedy: Callable[[Sequence[int], int], list[int]]) -> None:
+        self.tuner = tuner
+        self._greedy = greedy
+        self._draft_time = 0.0
+
+    def propose(self, context: Sequence[int], limit: int) -> list[int]:
+        if not self.tuner.enabled or limit < 1 or self.tuner.want_plain():
+            return []
+        t0 = time.perf_counter()
+        out = self._greedy(context, min(self.tuner.n, limit))
+        self._draft_time = time.perf_counter() - t0
+        return out
+
+    def observe(self, proposed: int, accepted: int, seconds: float) -> None:
+        if proposed:
+            self.tuner.drafted_step(proposed, accepted, seconds + self._draft_time)
+        else:
+            self.tuner.plain_step(seconds)
+
+
+class Speculation:
+    """The engine's speculative decoding: which drafter a request gets, the draft models
+    it loads, and the models it has switched drafting off for."""
+
+    def __init__(self, settings: Any, store: Any) -> None:
+        self.settings = settings
+        self.store = store
+        self._drafts: dict[tuple[str, str], Any] = {}  # (target path, draft path) -> model
+        self._off: set[tuple[str, str]] = set()  # (target path, kind) that did not pay
+        self.totals = {"proposed": 0, "accepted": 0, "switched_off": 0}
+
+    def drafter(self, request: Any, ref: ModelRef, model: LoadedModel) -> Drafter | None:
+        mode = request.speculate or self.settings.speculate
+        draft_name = request.draft_model or self.settings.draft_model
+        if mode == "off":
+            return None
+        if mode == "draft" and not draft_name:
+            raise InvalidRequest(
+                "speculate 'draft' needs a draft model (--draft MODEL, draft_model, "
+                "or 'draft_model' in the request)",
+                param="speculate",
+            )
+        kind = "draft" if mode == "draft" or (mode == "auto" and draft_name) else "lookup"
+        if (str(ref.path), kind) in self._off and mode == "auto":
+            return None
+        label = f"{ref.name} ({kind})"
+        if kind == "lookup":
+            return PromptLookup(Tuner(n_start=4, n_max=8, label=label))
+        draft = self._draft_model(ref, model, str(draft_name))
+        return ModelDraft(Tuner(n_start=3, n_max=6, label=label), draft.draft_greedy)
+
+    def _draft_model(self, ref: ModelRef, target: LoadedModel, name: str) -> LoadedModel:
+        from localllm.backends import plan, prepare
+        from localllm.backends.base import LoadOptions
+        from localllm.errors import BackendUnavailable
+
+        draft_ref = self.store.resolve(name)
+        key = (str(ref.path), str(draft_ref.path))
+        if key in self._drafts:
+            return self._drafts[key]
+        backend = target.info.backend  # the draft runs where the target runs
+        try:
+            chosen = plan(draft_ref, backend, self.settings.models_dir)
+            loader, loadable = prepare(draft_ref, chosen, self.settings.models_dir)
+        except BackendUnavailable as exc:
+            raise InvalidRequest(
+                f"the draft model {draft_ref.name} cannot run on {backend} beside "
+                f"{ref.name}: {exc.hint}",
+                param="draft_model",
+            ) from None
+        draft = loader.load(
+            loadable, LoadOptions(n_ctx=target.info.n_ctx, n_threads=self.settings.n_threads)
+        )
+        mine, theirs = target.info.vocab_fingerprint, draft.info.vocab_fingerprint
+        if mine != theirs:
+            draft.close()
+            raise InvalidRequest(
+                f"the draft model {draft_ref.name} (vocabulary {theirs}) cannot draft for "
+                f"{ref.name} (vocabulary {mine}): their vocabularies differ",
+                param="draft_model",
+            )
+        self._drafts[key] = draft
+        return draft
+
+    def finished(self, ref: ModelRef, drafter: Drafter | None) -> None:
+        tuner = getattr(drafter, "tuner", None)
+        if tuner is None:
+            return
+        self.totals["proposed"] += tuner.stats.proposed
+        self.totals["accepted"] += tuner.stats.accepted
+        if not tuner.enabled:
+            kind = "draft" if isinstance(drafter, ModelDraft) else "lookup"
+            self._off.add((str(ref.path), kind))
+            self.totals["switched_off"] += 1
+            log.warning("%s; off for this model until it is loaded again", tuner.verdict)
+
+    def with_speedup(self, chunk: Chunk, drafter: Drafter | None) -> Chunk:
+        """The final chunk, its stats completed with the measured speed-up."""
+        tuner = getattr(drafter, "tuner", None)
+        if tuner is None or chunk.stats is None or not tuner.plain_tokens or not tuner.spec_tokens:
+            return chunk
+        plain = tuner.plain_time / tuner.plain_tokens
+        overall = (tuner.plain_time + tuner.spec_time) / (tuner.plain_tokens + tuner.spec_tokens)
+        stats = dataclasses.replace(chunk.stats, speedup=plain / overall if overall else 0.0)
+        return dataclasses.replace(chunk, stats=stats)
+
+    def release(self, ref: ModelRef) -> None:
+        """The target unloads: its draft models go, and it gets a fresh chance."""
+        for key in [k for k in self._drafts if k[0] == str(ref.path)]:
+            self._drafts.pop(key).close()
+        self._off = {k for k in self._off if k[0] != str(ref.path)}
+
+    def close(self) -> None:
+        for model in self._drafts.values():
+            model.close()
+        self._drafts.clear()

@@ -1,0 +1,136 @@
+"""Speculative decoding on the real starter model, on every available backend: the output
+is exactly the plain output, in both modes; drafting that never pays switches itself off;
+a draft model with another vocabulary is refused."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import pytest
+
+from localllm.backends import all_backends
+from localllm.backends.base import Drafter, LoadedModel, LoadOptions, Message, SamplingParams
+from localllm.config import Settings
+from localllm.engine.speculative import TRIAL_STEPS, ModelDraft, PromptLookup, Tuner
+from localllm.engine.worker import Engine, Request
+from localllm.errors import InvalidRequest
+from localllm.models.store import ModelStore
+from tests.conftest import CONTRACT_CTX, THREADS
+from tests.gguf_fixtures import copy_with_metadata
+
+CODE = """def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal += item.price * item.quantity
+    tax = subtotal * tax_rate
+    return subtotal + tax
+"""
+EDIT = "Rewrite this function with the name compute_total; change nothing else.\n\n" + CODE
+NEVER = lambda: False  # noqa: E731
+
+
+def tokens_of(
+    model: LoadedModel, prompt: list[int], params: SamplingParams, drafter: Drafter | None = None
+) -> tuple[list[int], int, int]:
+    """Generated tokens, and the proposed / accepted drafts the final chunk reports."""
+    out: list[int] = []
+    from_draft = 0
+    stats = None
+    for chunk in model.stream(prompt, params, should_stop=NEVER, drafter=drafter):
+        out.extend(chunk.tokens)
+        from_draft += chunk.from_draft
+        stats = chunk.stats or stats
+    assert stats is not None
+    assert from_draft == stats.draft_accepted or len(out) < stats.draft_accepted
+    return out, stats.draft_proposed, stats.draft_accepted
+
+
+def lookup() -> PromptLookup:
+    return PromptLookup(Tuner(n_start=4, n_max=8, label="test"))
+
+
+@pytest.fixture(scope="module")
+def draft(loaded: LoadedModel, request: pytest.FixtureRequest) -> Iterator[LoadedModel]:
+    """A second copy of the starter on the same backend, as a draft model."""
+    backend = next(b for b in all_backends() if b.name == loaded.info.backend)
+    ref = request.getfixturevalue("starter_mlx_ref" if backend.name == "mlx" else "starter_ref")
+    model = backend.load(ref, LoadOptions(n_threads=THREADS, n_ctx=CONTRACT_CTX[backend.name]))
+    yield model
+    model.close()
+
+
+def test_greedy_output_is_identical_with_prompt_lookup(loaded: LoadedModel):
+    prompt = loaded.render_chat([Message("user", EDIT)])
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+    plain, _, _ = tokens_of(loaded, prompt, params)
+    spec, proposed, accepted = tokens_of(loaded, prompt, params, lookup())
+    assert spec == plain
+    assert proposed > 0 and accepted > 0, "the edit prompt should have been drafted from"
+
+
+def test_greedy_output_is_identical_with_a_draft_model(loaded: LoadedModel, draft: LoadedModel):
+    prompt = loaded.render_chat([Message("user", "Name three colours.")])
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    plain, _, _ = tokens_of(loaded, prompt, params)
+    drafter = ModelDraft(Tuner(n_start=3, n_max=6, label="test"), draft.draft_greedy)
+    spec, proposed, accepted = tokens_of(loaded, prompt, params, drafter)
+    assert spec == plain
+    # the draft is the same model: it proposes what the target picks
+    assert proposed > 0 and accepted == proposed
+
+
+def test_seeded_sampling_is_identical_with_drafts(loaded: LoadedModel):
+    prompt = loaded.render_chat([Message("user", EDIT)])
+    params = SamplingParams(temperature=0.9, seed=11, max_tokens=24)
+    plain, _, _ = tokens_of(loaded, prompt, params)
+    spec, proposed, _ = tokens_of(loaded, prompt, params, lookup())
+    assert spec == plain and proposed > 0
+
+
+def test_drafts_that_never_fit_switch_off_and_the_answer_stays_exact(loaded: LoadedModel):
+    prompt = loaded.render_chat([Message("user", "Tell me about the sea.")])
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    plain, _, _ = tokens_of(loaded, prompt, params)
+    wrong = loaded.tokenize(" zebra")[0]
+    assert wrong not in plain
+    tuner = Tuner(n_start=3, n_max=6, label="test")
+    spec, proposed, accepted = tokens_of(
+        loaded, prompt, params, ModelDraft(tuner, lambda _ctx, n: [wrong] * n)
+    )
+    assert spec == plain
+    assert accepted == 0 and not tuner.enabled and tuner.stats.steps == TRIAL_STEPS
+    assert "no draft token was accepted" in tuner.verdict
+    assert proposed == tuner.stats.proposed  # nothing drafted after it switched off
+
+
+def test_engine_refuses_a_draft_with_another_vocabulary(
+    settings: Settings, store: ModelStore, starter_ref, tmp_path: Path
+):
+    tokens = list(gguf.GGUFReader(starter_ref.path).fields["tokenizer.ggml.tokens"].contents())
+    tokens[-1] = "<|not-the-same|>"
+    other = copy_with_metadata(
+        starter_ref.path, tmp_path / "other-vocab.gguf", {"tokenizer.ggml.tokens": tokens}
+    )
+    engine = Engine(replace(settings, speculate="draft", draft_model=str(other)), store)
+    try:
+        request = Request(
+            SamplingParams(temperature=0.0, max_tokens=4), messages=[Message("user", "Hi")]
+        )
+        with pytest.raises(InvalidRequest) as err:
+            list(engine.generate(request))
+        message = err.value.message
+        assert "the draft model other-vocab (vocabulary " in message
+        assert "cannot draft for starter (vocabulary " in message
+        assert err.value.param == "draft_model"
+        # without the draft, the same engine answers
+        plain = Request(
+            SamplingParams(temperature=0.0, max_tokens=4),
+            messages=[Message("user", "Hi")],
+            speculate="lookup",
+        )
+        assert sum(len(c.tokens) for c in engine.generate(plain)) == 4
+    finally:
+        engine.close()
