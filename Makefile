@@ -34,3 +34,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_pull
 	$(BIN)/python -m benchmarks.bench_switch
 	$(BIN)/python -m benchmarks.bench_quantize
+	$(BIN)/python -m benchmarks.bench_speculative

@@ -157,6 +157,11 @@ class LoadedModel(Protocol):
         drafter: Drafter | None = None,
     ) -> Iterator[Chunk]: ...
 
+    def exact_batches(self) -> bool:
+        """Whether a token's logits come out bit for bit the same evaluated in a batch as
+        alone, which speculative decoding needs to leave the output unchanged."""
+        ...
+
     def draft_greedy(self, context: Sequence[int], n: int) -> list[int]:
         """The greedy continuation of `context`, n tokens (as a draft model); reuses its KV."""
         ...

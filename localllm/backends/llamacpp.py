@@ -147,6 +147,7 @@ class LlamaCppModel:
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
         self._kv = KVLedger()
+        self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (ll.llama_token * 1)()
@@ -473,6 +474,42 @@ class LlamaCppModel:
             n_ok += 1
         self._truncate(base + 1 + n_ok)
         return sampled, n_ok
+
+    def exact_batches(self) -> bool:
+        if self._exact is None:
+            self._exact = self._probe_batches()
+            log.info("%s: batched logits exact: %s", self.info.id, self._exact)
+        return self._exact
+
+    def _probe_batches(self) -> bool:
+        """Evaluate two tokens after the cache, alone and as a batch; compare the logits."""
+        import numpy as np
+
+        ll, base = self._ll, len(self._kv.tokens)
+        pair = [*self.tokenize("Hello world"), 0, 0][:2]
+        if base + 2 > self.info.n_ctx:
+            return False
+        n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
+        self._decode_one(pair[0])
+        alone = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, -1), (n_vocab,)).copy()
+        self._truncate(base)
+        batch = ll.llama_batch_init(2, 0, 1)
+        try:
+            for i, t in enumerate(pair):
+                batch.token[i], batch.pos[i] = t, base + i
+                batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, True
+            batch.n_tokens = 2
+            rc = ll.llama_decode(self._ctx, batch)
+        finally:
+            ll.llama_batch_free(batch)
+        self._kv.tokens.extend(pair)
+        if rc != 0:
+            self._truncate(base)
+            return False
+        together = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, 0), (n_vocab,))
+        exact = bool(np.array_equal(alone, together))
+        self._truncate(base)
+        return exact
 
     def draft_greedy(self, context: Sequence[int], n: int) -> list[int]:
         """Greedy tokens after `context`, reusing the cached prefix (this model as a draft)."""

@@ -148,6 +148,7 @@ class MlxModel:
         self._make_cache = lambda: make_prompt_cache(model)
         self._cache: list[Any] = self._make_cache()
         self._kv = KVLedger()
+        self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._tok_config = _read_json(folder / "tokenizer_config.json")
         self._pieces = self._piece_table(folder)
         self.info = self._describe(ref, folder, config, options)
@@ -512,6 +513,20 @@ class MlxModel:
             n_ok += 1
         self._truncate(base + 1 + n_ok)
         return sampled, n_ok
+
+    def exact_batches(self) -> bool:
+        if self._exact is None:
+            mx, base = self._mx, len(self._kv.tokens)
+            pair = [*self.tokenize("Hello world"), 0, 0][:2]
+            alone = self._model(mx.array(pair[:1])[None], cache=self._cache)[0, -1]
+            self._kv.tokens.append(pair[0])
+            self._truncate(base)
+            together = self._model(mx.array(pair)[None], cache=self._cache)[0, 0]
+            self._kv.tokens.extend(pair)
+            self._truncate(base)
+            self._exact = bool(mx.array_equal(alone, together).item())
+            log.info("%s: batched logits exact: %s", self.info.id, self._exact)
+        return self._exact
 
     def draft_greedy(self, context: Sequence[int], n: int) -> list[int]:
         """Greedy tokens after `context`, reusing the cached prefix (this model as a draft)."""

@@ -47,14 +47,26 @@ class SpecStats:
 
 
 class Tuner:
-    """Measures plain and drafted steps of one request; adapts n; switches drafting off.
+    """Measures one request's plain and drafted steps, picks each step's draft length, and
+    switches drafting off when it does not pay.
 
-    Speeds are compared as seconds per emitted token. A drafted step that keeps a of
-    n drafts emits a + 1 tokens. Plain steps are the ones without a draft (nothing to
-    propose, or deliberately plain while measuring).
+    A step that verifies k drafts costs about c1 * (1 + alpha * k), where c1 is a plain
+    step and alpha the share of c1 each extra position adds (near 0 on a GPU, about 0.5
+    on a small CPU); it emits 1 + p + ... + p^k tokens on average, p being the chance
+    that a draft token is accepted. Both are measured as decoding goes; the draft length
+    with the best expected tokens per unit of time is used, and none at all when no
+    length beats plain decoding.
     """
 
-    def __init__(self, *, n_start: int, n_max: int, label: str) -> None:
+    def __init__(
+        self,
+        *,
+        n_start: int,
+        n_max: int,
+        label: str,
+        p_prior: float = 0.8,
+        draft_cost: float = 0.0,
+    ) -> None:
         self.n = n_start
         self.n_max = n_max
         self.label = label
@@ -65,6 +77,15 @@ class Tuner:
         self.spec_time = 0.0
         self.spec_tokens = 0
         self.verdict = ""
+        self._p_prior = p_prior
+        self._rejections = 0
+        self._extra = 0.0  # measured sum of (t / c1 - 1) over drafted steps
+        self._extra_positions = 0
+        # a draft model's cost per drafted token, in plain steps of the target (prior:
+        # the models' size ratio); 0 for prompt lookup
+        self.draft_cost = draft_cost
+        if draft_cost and self._best_length() == 0:
+            self._switch_off(f"a draft token costs {draft_cost:.2f} of a target step")
 
     def plain_step(self, seconds: float) -> None:
         self.plain_time += seconds
@@ -77,18 +98,54 @@ class Tuner:
         s.steps += 1
         self.spec_time += seconds
         self.spec_tokens += accepted + 1
-        if accepted == proposed:
-            self.n = min(self.n + 2, self.n_max)
-        else:
-            self.n = max(1, min(self.n, accepted + 1))
+        self._rejections += accepted < proposed
+        if self.plain_tokens:
+            self._extra += seconds / (self.plain_time / self.plain_tokens) - 1.0
+            self._extra_positions += proposed
+        self._choose()
         self._judge()
 
     def want_plain(self) -> bool:
         """Measure plain speed first, so there is something to compare drafting with."""
         return self.plain_tokens < PLAIN_SAMPLES
 
+    @property
+    def acceptance_chance(self) -> float:
+        """p: accepted / (accepted + rejections), starting from a prior worth 2 steps."""
+        return (self.stats.accepted + 2 * self._p_prior) / (
+            self.stats.accepted + self._rejections + 2
+        )
+
+    @property
+    def alpha(self) -> float:
+        """The measured cost of one more verified position, in plain steps (prior 0.5)."""
+        if self._extra_positions < 4:
+            return 0.5
+        return max(0.0, self._extra / self._extra_positions)
+
+    def _best_length(self) -> int:
+        """The draft length with the best expected tokens per unit of time; 0: none beats
+        plain decoding by 2%."""
+        p, alpha = self.acceptance_chance, self.alpha
+        best, best_gain, expected = 0, 1.0, 1.0
+        for k in range(1, self.n_max + 1):
+            expected += p**k
+            gain = expected / (1 + (alpha + self.draft_cost) * k)
+            if gain > best_gain * 1.02:
+                best, best_gain = k, gain
+        return best
+
+    def _choose(self) -> None:
+        best = self._best_length()
+        if best == 0:
+            self._switch_off(
+                f"no draft length pays at p={self.acceptance_chance:.2f}, "
+                f"alpha={self.alpha:.2f}, draft cost {self.draft_cost:.2f}"
+            )
+        self.n = max(best, 1)
+
     def _judge(self) -> None:
-        if self.stats.steps < TRIAL_STEPS:
+        if not self.enabled or self.stats.steps < TRIAL_STEPS:
             return
         if self.stats.accepted == 0:  # one token per step, as plain decoding, at a higher cost
             self._switch_off("no draft token was accepted")
@@ -101,6 +158,8 @@ class Tuner:
             self._switch_off(f"{plain / spec:.2f}x of plain speed")
 
     def _switch_off(self, why: str) -> None:
+        if not self.enabled:
+            return
         self.enabled = False
         self.verdict = (
             f"{self.label}: drafting switched off ({why}; {self.stats.acceptance:.0%} "
@@ -159,10 +218,14 @@ class ModelDraft:
         return out
 
     def observe(self, proposed: int, accepted: int, seconds: float) -> None:
-        if proposed:
-            self.tuner.drafted_step(proposed, accepted, seconds + self._draft_time)
-        else:
+        if not proposed:
             self.tuner.plain_step(seconds)
+            return
+        tuner = self.tuner
+        if tuner.plain_tokens:  # the draft's measured cost per token replaces the prior
+            plain = tuner.plain_time / tuner.plain_tokens
+            tuner.draft_cost = 0.5 * tuner.draft_cost + 0.5 * self._draft_time / (proposed * plain)
+        tuner.drafted_step(proposed, accepted, seconds + self._draft_time)
 
 
 class Speculation:
@@ -187,16 +250,32 @@ class Speculation:
                 "or 'draft_model' in the request)",
                 param="speculate",
             )
+        if not model.exact_batches():
+            if (str(ref.path), "inexact") not in self._off:
+                self._off.add((str(ref.path), "inexact"))
+                log.warning(
+                    "%s: no speculative decoding: %s computes a token's logits differently "
+                    "in a batch than alone for this model (%s), so drafts would change the "
+                    "output",
+                    ref.name,
+                    model.info.backend,
+                    model.info.quant,
+                )
+            return None
         kind = "draft" if mode == "draft" or (mode == "auto" and draft_name) else "lookup"
         if (str(ref.path), kind) in self._off and mode == "auto":
             return None
         label = f"{ref.name} ({kind})"
         if kind == "lookup":
             return PromptLookup(Tuner(n_start=4, n_max=8, label=label))
-        draft = self._draft_model(ref, model, str(draft_name))
-        return ModelDraft(Tuner(n_start=3, n_max=6, label=label), draft.draft_greedy)
+        draft, draft_ref = self._draft_model(ref, model, str(draft_name))
+        ratio = draft_ref.size_bytes / ref.size_bytes if ref.size_bytes else 0.5
+        tuner = Tuner(n_start=3, n_max=6, label=label, draft_cost=ratio)
+        return ModelDraft(tuner, draft.draft_greedy)
 
-    def _draft_model(self, ref: ModelRef, target: LoadedModel, name: str) -> LoadedModel:
+    def _draft_model(
+        self, ref: ModelRef, target: LoadedModel, name: str
+    ) -> tuple[LoadedModel, ModelRef]:
         from localllm.backends import plan, prepare
         from localllm.backends.base import LoadOptions
         from localllm.errors import BackendUnavailable
@@ -204,7 +283,7 @@ class Speculation:
         draft_ref = self.store.resolve(name)
         key = (str(ref.path), str(draft_ref.path))
         if key in self._drafts:
-            return self._drafts[key]
+            return self._drafts[key], draft_ref
         backend = target.info.backend  # the draft runs where the target runs
         try:
             chosen = plan(draft_ref, backend, self.settings.models_dir)
@@ -227,7 +306,7 @@ class Speculation:
                 param="draft_model",
             )
         self._drafts[key] = draft
-        return draft
+        return draft, draft_ref
 
     def finished(self, ref: ModelRef, drafter: Drafter | None) -> None:
         tuner = getattr(drafter, "tuner", None)

@@ -101,8 +101,8 @@ def test_drafts_that_never_fit_switch_off_and_the_answer_stays_exact(loaded: Loa
         loaded, prompt, params, ModelDraft(tuner, lambda _ctx, n: [wrong] * n)
     )
     assert spec == plain
-    assert accepted == 0 and not tuner.enabled and tuner.stats.steps == TRIAL_STEPS
-    assert "no draft token was accepted" in tuner.verdict
+    assert accepted == 0 and not tuner.enabled and 1 <= tuner.stats.steps <= TRIAL_STEPS
+    assert "drafting switched off" in tuner.verdict and "0% acceptance" in tuner.verdict
     assert proposed == tuner.stats.proposed  # nothing drafted after it switched off
 
 
@@ -132,5 +132,35 @@ def test_engine_refuses_a_draft_with_another_vocabulary(
             speculate="lookup",
         )
         assert sum(len(c.tokens) for c in engine.generate(plain)) == 4
+    finally:
+        engine.close()
+
+
+def test_batched_logits_are_exact_for_the_starter(loaded: LoadedModel):
+    before = loaded.kv_prefix()
+    assert loaded.exact_batches()
+    assert loaded.kv_prefix() == before  # the probe leaves the cache as it was
+
+
+def test_a_model_whose_batches_round_differently_gets_no_drafts(
+    settings: Settings, store: ModelStore, starter_ref, tmp_path: Path
+):
+    """llama.cpp's batched F16 matrix product rounds differently from its one-token one on
+    this CPU build: drafting would change an F16 model's output, so it does not draft."""
+    from localllm.models import quantize as q
+
+    f16 = q.quantize(q.plan_quantize(starter_ref, "f16", models_dir=settings.models_dir),
+                     settings.models_dir)
+    engine = Engine(replace(settings, speculate="lookup"), store)
+    try:
+        request = Request(SamplingParams(temperature=0.0, max_tokens=24),
+                          messages=[Message("user", EDIT)], model=f16.ref.name)
+        chunks = list(engine.generate(request))
+        stats = chunks[-1].stats
+        assert stats is not None and stats.generated_tokens == 24
+        model = engine._resident[f16.ref.path].model
+        if model.exact_batches():
+            pytest.skip("this llama.cpp build computes F16 batches exactly")
+        assert stats.draft_proposed == 0
     finally:
         engine.close()
