@@ -4,11 +4,21 @@ that keeps cache hits exact, chat rendering to tokens, and the final chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from localllm.backends import chat_template
-from localllm.backends.base import Chunk, FinishReason, GenerationStats, Message, SamplingParams
+from localllm.backends.base import (
+    Chunk,
+    Drafter,
+    FinishReason,
+    GenerationStats,
+    Message,
+    SamplingParams,
+)
+from localllm.backends.textstream import TextAssembler
 from localllm.errors import ContextOverflow, InvalidRequest
 
 # Prompt batches start at multiples of ALIGN positions and the last prompt token is
@@ -130,6 +140,111 @@ def chat_tokens(
     if add_bos and bos_id is not None and (not tokens or tokens[0] != bos_id):
         tokens = [bos_id, *tokens]
     return tokens
+
+
+@dataclass
+class DraftCounts:
+    """Drafted tokens a generation proposed and kept, for its final stats."""
+
+    proposed: int = 0
+    accepted: int = 0
+
+
+def drafted_tokens(
+    first: int,
+    step: Callable[[int, list[int]], tuple[int, int]],
+    *,
+    limit: int,
+    kv: list[int],
+    n_ctx: int,
+    drafter: Drafter,
+    counts: DraftCounts,
+) -> Iterator[tuple[int, int]]:
+    """(token, 1 if it was an accepted draft) for a generation that drafts.
+
+    `first` is the first sampled token. `step(tok, draft)` evaluates tok (not yet in the
+    cache) and the draft in one batch and returns the target's first sample that is not a
+    kept draft and how many drafts it kept (those stay in the cache, the rest leave it).
+    """
+    nxt, emitted = first, 0
+    while True:
+        tok = nxt
+        yield tok, 0
+        emitted += 1
+        if emitted >= limit:
+            return
+        room = min(limit - emitted, n_ctx - len(kv) - 1)
+        draft = drafter.propose([*kv, tok], room) if room > 0 else []
+        t_step = time.perf_counter()
+        nxt, n_ok = step(tok, draft)
+        counts.proposed += len(draft)
+        counts.accepted += n_ok
+        drafter.observe(len(draft), n_ok, time.perf_counter() - t_step)
+        for kept in draft[:n_ok]:
+            yield kept, 1
+            emitted += 1
+            if emitted >= limit:
+                return
+
+
+def keep_matching(draft: Sequence[int], sample_at: Callable[[int], int]) -> tuple[int, int]:
+    """The target samples position 0, 1, ... of a verified batch; drafts are kept while
+    they equal its samples. Returns the first sample that is not a kept draft (a
+    correction, or the token after a fully kept draft) and how many drafts were kept."""
+    n_ok = 0
+    while True:
+        sampled = sample_at(n_ok)
+        if n_ok == len(draft) or sampled != draft[n_ok]:
+            return sampled, n_ok
+        n_ok += 1
+
+
+def emit_chunks(
+    source: Iterator[tuple[int, int]],
+    *,
+    piece: Callable[[int], bytes],
+    params: SamplingParams,
+    eog: frozenset[int],
+    should_stop: Callable[[], bool],
+    n_prompt: int,
+    cached: int,
+    t0: float,
+    counts: DraftCounts | None = None,
+) -> Iterator[Chunk]:
+    """Chunks for the tokens a source samples (at most the limit it was given): text in
+    complete UTF-8 pieces, stop strings and end-of-generation tokens honoured, then the
+    final chunk with the stats."""
+    text = TextAssembler(params.stop)
+    generated, t_first = 0, t0
+    finish: FinishReason = "length"
+    for tok, from_draft in source:
+        if should_stop():
+            finish = "cancelled"
+            break
+        if tok in eog:
+            finish = "stop"
+            break
+        generated += 1
+        if generated == 1:
+            t_first = time.perf_counter()
+        yield Chunk(text.push(piece(tok)), (tok,), from_draft=from_draft)
+        if text.stopped:
+            finish = "stop"
+            break
+    tail = "" if text.stopped else text.flush()
+    counts = counts or DraftCounts()
+    yield final_chunk(
+        tail,
+        finish,
+        n_prompt,
+        cached,
+        generated,
+        t0,
+        t_first,
+        time.perf_counter(),
+        proposed=counts.proposed,
+        accepted=counts.accepted,
+    )
 
 
 def final_chunk(

@@ -23,7 +23,6 @@ from localllm.backends.base import (
     Chunk,
     Drafter,
     FimTokens,
-    FinishReason,
     KVSnapshot,
     LoadOptions,
     Message,
@@ -33,16 +32,19 @@ from localllm.backends.base import (
     default_n_ctx,
 )
 from localllm.backends.common import (
+    DraftCounts,
     KVLedger,
     batch_bounds,
     chat_tokens,
     check_request,
     check_scoring,
+    drafted_tokens,
+    emit_chunks,
     final_chunk,
+    keep_matching,
     pick_logprobs,
     reusable_prefix,
 )
-from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
@@ -370,71 +372,60 @@ class LlamaCppModel:
             if not self._decode(prompt[cached:], should_stop):
                 yield final_chunk("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
                 return
-            limit = n_ctx_left = self.info.n_ctx - len(prompt)
+            limit = self.info.n_ctx - len(prompt)
             if params.max_tokens is not None:
-                limit = min(params.max_tokens, n_ctx_left)
-            text = TextAssembler(params.stop)
-            eog, kv = self.info.eog_ids, self._kv.tokens
-            generated, t_first = 0, t0
-            finish: FinishReason = "length"
-            kept: list[int] = []  # accepted drafts: sampled, and already in the KV cache
-            nxt: int | None = None  # sampled by a verification, not yet in the KV cache
-            proposed = accepted = 0
-            while generated < limit:
-                if should_stop():
-                    finish = "cancelled"
-                    break
-                from_draft = 1 if kept else 0
-                if kept:
-                    tok = kept.pop(0)
-                elif nxt is not None:
-                    tok, nxt = nxt, None
-                else:
-                    tok = ll.llama_sampler_sample(sampler, ctx, -1)
-                if tok in eog:
-                    finish = "stop"
-                    break
-                generated += 1
-                if generated == 1:
-                    t_first = time.perf_counter()
-                piece = text.push(self._piece(tok))
-                # The token goes out before it is evaluated: the reader gets it one decode
-                # step sooner, and works on it while the next logits are computed.
-                yield Chunk(piece, (tok,), from_draft=from_draft)
-                if text.stopped:
-                    finish = "stop"
-                    break
-                if from_draft or generated >= limit:
-                    continue  # an accepted draft is in the cache already
-                room = min(limit - generated, self.info.n_ctx - len(kv) - 1)
-                draft = drafter.propose([*kv, tok], room) if drafter and room > 0 else []
-                t_step = time.perf_counter()
-                if not draft:
+                limit = min(params.max_tokens, limit)
+            counts = DraftCounts()
+            first = int(ll.llama_sampler_sample(sampler, ctx, -1)) if limit > 0 else -1
+            if drafter is None:
+                source = self._plain_tokens(first, sampler, limit)
+            else:
+
+                def step(tok: int, draft: list[int]) -> tuple[int, int]:
+                    if draft:
+                        return self._verify(tok, draft, sampler)
                     self._decode_one(tok)
-                    if drafter is not None:
-                        drafter.observe(0, 0, time.perf_counter() - t_step)
-                    continue
-                assert drafter is not None
-                nxt, n_ok = self._verify(tok, draft, sampler)
-                kept = draft[:n_ok]
-                proposed, accepted = proposed + len(draft), accepted + n_ok
-                drafter.observe(len(draft), n_ok, time.perf_counter() - t_step)
-            tail = "" if text.stopped else text.flush()
-            t_end = time.perf_counter()
-            yield final_chunk(
-                tail,
-                finish,
-                len(prompt),
-                cached,
-                generated,
-                t0,
-                t_first,
-                t_end,
-                proposed=proposed,
-                accepted=accepted,
+                    return int(ll.llama_sampler_sample(sampler, ctx, -1)), 0
+
+                source = drafted_tokens(
+                    first,
+                    step,
+                    limit=limit,
+                    kv=self._kv.tokens,
+                    n_ctx=self.info.n_ctx,
+                    drafter=drafter,
+                    counts=counts,
+                )
+            yield from emit_chunks(
+                source if limit > 0 else iter(()),
+                piece=self._piece,
+                params=params,
+                eog=self.info.eog_ids,
+                should_stop=should_stop,
+                n_prompt=len(prompt),
+                cached=cached,
+                t0=t0,
+                counts=counts,
             )
         finally:
             ll.llama_sampler_free(sampler)
+
+    def _plain_tokens(self, first: int, sampler: Any, limit: int) -> Iterator[tuple[int, int]]:
+        """One token per decode step. Each goes out before it is evaluated: the reader
+        gets it one step sooner, and works on it while the next logits are computed."""
+        ll, ctx, one, kv = self._ll, self._ctx, self._one, self._kv.tokens
+        tok = first
+        for n in range(1, limit + 1):
+            yield tok, 0
+            if n == limit:
+                return
+            one[0] = tok
+            rc = ll.llama_decode(ctx, ll.llama_batch_get_one(one, 1))
+            if rc != 0:
+                self._reset_kv()
+                raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
+            kv.append(tok)
+            tok = int(ll.llama_sampler_sample(sampler, ctx, -1))
 
     def _decode_one(self, tok: int) -> None:
         ll, one = self._ll, self._one
@@ -466,12 +457,9 @@ class LlamaCppModel:
             self._reset_kv()
             raise LocalLLMError(f"llama_decode failed with code {rc} while verifying a draft")
         kv.extend(part)
-        n_ok = 0
-        while True:
-            sampled = int(ll.llama_sampler_sample(sampler, self._ctx, n_ok))
-            if n_ok == len(draft) or sampled != draft[n_ok]:
-                break
-            n_ok += 1
+        sampled, n_ok = keep_matching(
+            draft, lambda i: int(ll.llama_sampler_sample(sampler, self._ctx, i))
+        )
         self._truncate(base + 1 + n_ok)
         return sampled, n_ok
 

@@ -28,7 +28,6 @@ from localllm.backends.base import (
     Chunk,
     Drafter,
     FimTokens,
-    FinishReason,
     KVSnapshot,
     LoadOptions,
     Message,
@@ -38,15 +37,18 @@ from localllm.backends.base import (
     default_n_ctx,
 )
 from localllm.backends.common import (
+    DraftCounts,
     KVLedger,
     batch_bounds,
     chat_tokens,
     check_request,
     check_scoring,
+    drafted_tokens,
+    emit_chunks,
     final_chunk,
+    keep_matching,
     reusable_prefix,
 )
-from localllm.backends.textstream import TextAssembler
 from localllm.errors import LocalLLMError, ModelLoadError
 from localllm.models.convert import imported_quant, read_provenance
 from localllm.models.gguf import fim_ids_from_tokens, vocab_fingerprint
@@ -420,80 +422,7 @@ class MlxModel:
         drafter: Drafter | None = None,
     ) -> Iterator[Chunk]:
         check_request(len(prompt), self.info.n_ctx, params)
-        if drafter is not None:
-            return self._generate_drafted(list(prompt), params, should_stop, drafter)
-        return self._generate(list(prompt), params, should_stop)
-
-    def _generate_drafted(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        should_stop: Callable[[], bool],
-        drafter: Drafter,
-    ) -> Iterator[Chunk]:
-        """Generation with drafts verified in one batch per step (not pipelined: each step
-        waits for its logits, since the next step depends on how many drafts were kept)."""
-        t0 = time.perf_counter()
-        cached = self._reuse_prefix(prompt)
-        try:
-            if not self._prefill(prompt[cached:-1], should_stop):
-                yield final_chunk("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
-                return
-        except Exception as exc:
-            self._reset_kv()
-            raise LocalLLMError(f"MLX failed while reading the prompt: {exc}") from exc
-        sample = self._sampler(params, prompt)
-        kv = self._kv.tokens
-        limit = n_ctx_left = self.info.n_ctx - len(prompt)
-        if params.max_tokens is not None:
-            limit = min(params.max_tokens, n_ctx_left)
-        text = TextAssembler(params.stop)
-        eog, pieces = self.info.eog_ids, self._pieces
-        generated, t_first = 0, t0
-        finish: FinishReason = "length"
-        proposed = accepted = 0
-        kept: list[int] = []
-        nxt = self._step_drafted(prompt[-1], [], sample)[0]
-        while generated < limit:
-            if should_stop():
-                finish = "cancelled"
-                break
-            from_draft = 1 if kept else 0
-            tok = kept.pop(0) if kept else nxt
-            if tok in eog:
-                finish = "stop"
-                break
-            generated += 1
-            if generated == 1:
-                t_first = time.perf_counter()
-            piece = text.push(pieces[tok] if tok < len(pieces) else b"")
-            yield Chunk(piece, (tok,), from_draft=from_draft)
-            if text.stopped:
-                finish = "stop"
-                break
-            if from_draft or generated >= limit:
-                continue
-            room = min(limit - generated, self.info.n_ctx - len(kv) - 1)
-            draft = drafter.propose([*kv, tok], room) if room > 0 else []
-            t_step = time.perf_counter()
-            nxt, n_ok = self._step_drafted(tok, draft, sample)
-            kept = draft[:n_ok]
-            proposed, accepted = proposed + len(draft), accepted + n_ok
-            drafter.observe(len(draft), n_ok, time.perf_counter() - t_step)
-        tail = "" if text.stopped else text.flush()
-        t_end = time.perf_counter()
-        yield final_chunk(
-            tail,
-            finish,
-            len(prompt),
-            cached,
-            generated,
-            t0,
-            t_first,
-            t_end,
-            proposed=proposed,
-            accepted=accepted,
-        )
+        return self._generate(list(prompt), params, should_stop, drafter)
 
     def _step_drafted(
         self, tok: int, draft: list[int], sample: Callable[[Any], Any]
@@ -505,12 +434,7 @@ class MlxModel:
         part = [tok, *draft]
         logits = self._model(mx.array(part)[None], cache=self._cache)
         self._kv.tokens.extend(part)
-        n_ok = 0
-        while True:
-            sampled = int(sample(logits[:, n_ok, :]).item())
-            if n_ok == len(draft) or sampled != draft[n_ok]:
-                break
-            n_ok += 1
+        sampled, n_ok = keep_matching(draft, lambda i: int(sample(logits[:, i, :]).item()))
         self._truncate(base + 1 + n_ok)
         return sampled, n_ok
 
@@ -543,9 +467,12 @@ class MlxModel:
         return out
 
     def _generate(
-        self, prompt: list[int], params: SamplingParams, should_stop: Callable[[], bool]
+        self,
+        prompt: list[int],
+        params: SamplingParams,
+        should_stop: Callable[[], bool],
+        drafter: Drafter | None,
     ) -> Iterator[Chunk]:
-        mx, model = self._mx, self._model
         t0 = time.perf_counter()
         cached = self._reuse_prefix(prompt)
         try:
@@ -556,50 +483,64 @@ class MlxModel:
             self._reset_kv()
             raise LocalLLMError(f"MLX failed while reading the prompt: {exc}") from exc
         sample = self._sampler(params, prompt)
-        cache, kv = self._cache, self._kv.tokens
+        limit = self.info.n_ctx - len(prompt)
+        if params.max_tokens is not None:
+            limit = min(params.max_tokens, limit)
+        counts = DraftCounts()
+        if limit <= 0:
+            source: Iterator[tuple[int, int]] = iter(())
+        elif drafter is None:
+            source = self._plain_tokens(prompt[-1], sample, limit)
+        else:
+            # not pipelined: each step waits for its logits, since the next step depends
+            # on how many drafts were kept
+            first = self._step_drafted(prompt[-1], [], sample)[0]
+            source = drafted_tokens(
+                first,
+                lambda tok, draft: self._step_drafted(tok, draft, sample),
+                limit=limit,
+                kv=self._kv.tokens,
+                n_ctx=self.info.n_ctx,
+                drafter=drafter,
+                counts=counts,
+            )
+        pieces = self._pieces
+        yield from emit_chunks(
+            source,
+            piece=lambda tok: pieces[tok] if tok < len(pieces) else b"",
+            params=params,
+            eog=self.info.eog_ids,
+            should_stop=should_stop,
+            n_prompt=len(prompt),
+            cached=cached,
+            t0=t0,
+            counts=counts,
+        )
+
+    def _plain_tokens(
+        self, last: int, sample: Callable[[Any], Any], limit: int
+    ) -> Iterator[tuple[int, int]]:
+        """One token per step, pipelined: the next step is built on the still-lazy token
+        and queued before waiting for it, so MLX never idles between steps; it then also
+        runs while the caller handles this token. (At the end of an answer one step is
+        spare.)"""
+        mx, model, cache, kv = self._mx, self._model, self._cache, self._kv.tokens
 
         def step(tokens: Any) -> Any:
-            logits = model(tokens[None], cache=cache)[:, -1, :]
-            return sample(logits)
+            return sample(model(tokens[None], cache=cache)[:, -1, :])
 
-        limit = n_ctx_left = self.info.n_ctx - len(prompt)
-        if params.max_tokens is not None:
-            limit = min(params.max_tokens, n_ctx_left)
-        text = TextAssembler(params.stop)
-        eog, pieces = self.info.eog_ids, self._pieces
-        generated, t_first = 0, t0
-        finish: FinishReason = "length"
-        y = step(mx.array(prompt[-1:]))
-        kv.append(prompt[-1])
+        y = step(mx.array([last]))
+        kv.append(last)
         mx.async_eval(y)
-        while generated < limit:
-            if should_stop():
-                finish = "cancelled"
-                break
-            # The next step is built on the still-lazy token and queued before waiting
-            # for it, so MLX never idles between steps; it then also runs while the
-            # caller handles this token. (At the end of an answer one step is spare.)
-            nxt = step(y) if generated + 1 < limit else None
+        for n in range(1, limit + 1):
+            nxt = step(y) if n < limit else None
             if nxt is not None:
                 mx.async_eval(nxt)
             tok = int(y.item())
             if nxt is not None:
                 kv.append(tok)  # its KV is being written by the queued step
-            if tok in eog:
-                finish = "stop"
-                break
-            generated += 1
-            if generated == 1:
-                t_first = time.perf_counter()
-            piece = text.push(pieces[tok] if tok < len(pieces) else b"")
-            yield Chunk(piece, (tok,))
-            if text.stopped:
-                finish = "stop"
-                break
+            yield tok, 0
             y = nxt
-        tail = "" if text.stopped else text.flush()
-        t_end = time.perf_counter()
-        yield final_chunk(tail, finish, len(prompt), cached, generated, t0, t_first, t_end)
 
     # -- scoring (perplexity) ------------------------------------------------------
     def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:

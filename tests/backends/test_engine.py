@@ -98,8 +98,12 @@ class _Crashy:
     def kv_prefix(self) -> list[int]:
         return []  # nothing to save or restore
 
-    def stream(self, prompt: list[int], params: SamplingParams, *, should_stop: object
-               ) -> Iterator[Chunk]:
+    def exact_batches(self) -> bool:
+        return False  # a scripted model verifies no drafts
+
+    def stream(self, prompt: list[int], params: SamplingParams, *, should_stop: object,
+               drafter: object = None) -> Iterator[Chunk]:
+        assert drafter is None
         yield Chunk("a", (1,))
         yield Chunk("b", (2,))
         raise RuntimeError("native failure")
