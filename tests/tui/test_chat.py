@@ -408,3 +408,19 @@ async def test_model_picker_starts_a_quantization(make_app, history: History, st
         table = app.screen.query_one(DataTable)
         names = [table.get_row_at(i)[1] for i in range(table.row_count)]
         assert names == ["starter", "starter-f16"]
+
+
+async def test_speculation_figures_show_after_an_answer(make_app, history: History):
+    from tests.backends.test_speculative import EDIT
+
+    history.create("t", ConversationSettings(temperature=0.0, max_tokens=32, speculate="lookup"))
+    app = make_app()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await ready(pilot)
+        await ask(pilot, EDIT)
+        stats = answers(app)[0].stats
+        assert stats and stats["draft_proposed"] > 0 and stats["draft_accepted"] > 0
+        shown = app.chat.query(ChatMessage).last()
+        line = str(shown.query_one(".stats").render())
+        assert f"drafts {stats['draft_accepted']}/{stats['draft_proposed']} (" in line
+        assert app.status.speculation.startswith(f"drafts {stats['draft_accepted']}/")
