@@ -285,6 +285,12 @@ class Speculation:
         if key in self._drafts:
             return self._drafts[key], draft_ref
         backend = target.info.backend  # the draft runs where the target runs
+        if not self.settings.force_load:  # a draft model is loaded memory too
+            from localllm.models import fit
+
+            f32_kv = backend == "mlx" and target.info.device == "cpu"  # MLX on a CPU: f32
+            need = fit.estimate(draft_ref, target.info.n_ctx, kv_scale=2 if f32_kv else 1)
+            fit.check(need, fit.free_memory(budget_mb=self.settings.memory_budget_mb))
         try:
             chosen = plan(draft_ref, backend, self.settings.models_dir)
             loader, loadable = prepare(draft_ref, chosen, self.settings.models_dir)

@@ -149,12 +149,16 @@ def test_a_model_whose_batches_round_differently_gets_no_drafts(
     this CPU build: drafting would change an F16 model's output, so it does not draft."""
     from localllm.models import quantize as q
 
-    f16 = q.quantize(q.plan_quantize(starter_ref, "f16", models_dir=settings.models_dir),
-                     settings.models_dir)
+    f16 = q.quantize(
+        q.plan_quantize(starter_ref, "f16", models_dir=settings.models_dir), settings.models_dir
+    )
     engine = Engine(replace(settings, speculate="lookup"), store)
     try:
-        request = Request(SamplingParams(temperature=0.0, max_tokens=24),
-                          messages=[Message("user", EDIT)], model=f16.ref.name)
+        request = Request(
+            SamplingParams(temperature=0.0, max_tokens=24),
+            messages=[Message("user", EDIT)],
+            model=f16.ref.name,
+        )
         chunks = list(engine.generate(request))
         stats = chunks[-1].stats
         assert stats is not None and stats.generated_tokens == 24
@@ -162,5 +166,28 @@ def test_a_model_whose_batches_round_differently_gets_no_drafts(
         if model.exact_batches():
             pytest.skip("this llama.cpp build computes F16 batches exactly")
         assert stats.draft_proposed == 0
+    finally:
+        engine.close()
+
+
+def test_a_draft_model_that_does_not_fit_is_refused(
+    settings: Settings, store: ModelStore, starter_ref
+):
+    from localllm.errors import ModelTooLarge
+    from localllm.models import quantize as q
+
+    models = settings.models_dir
+    f16 = q.quantize(q.plan_quantize(starter_ref, "f16", models_dir=models), models)
+    # the starter (about 253 MiB with its KV cache) fits in 300 MiB; its F16 copy does not
+    tight = replace(settings, memory_budget_mb=300, speculate="draft", draft_model=f16.ref.name)
+    engine = Engine(tight, store)
+    try:
+        request = Request(
+            SamplingParams(temperature=0.0, max_tokens=4), messages=[Message("user", "Hi")]
+        )
+        with pytest.raises(ModelTooLarge) as err:
+            list(engine.generate(request))
+        assert "Model 'starter-f16' needs" in err.value.message
+        assert engine.model_ref is not None and engine.model_ref.name == "starter"
     finally:
         engine.close()
