@@ -85,7 +85,7 @@ class Tuner:
         # the models' size ratio); 0 for prompt lookup
         self.draft_cost = draft_cost
         if draft_cost and self._best_length() == 0:
-            self._switch_off(f"a draft token costs {draft_cost:.2f} of a target step")
+            self.switch_off(f"a draft token costs {draft_cost:.2f} of a target step")
 
     def plain_step(self, seconds: float) -> None:
         self.plain_time += seconds
@@ -138,7 +138,7 @@ class Tuner:
     def _choose(self) -> None:
         best = self._best_length()
         if best == 0:
-            self._switch_off(
+            self.switch_off(
                 f"no draft length pays at p={self.acceptance_chance:.2f}, "
                 f"alpha={self.alpha:.2f}, draft cost {self.draft_cost:.2f}"
             )
@@ -148,16 +148,16 @@ class Tuner:
         if not self.enabled or self.stats.steps < TRIAL_STEPS:
             return
         if self.stats.accepted == 0:  # one token per step, as plain decoding, at a higher cost
-            self._switch_off("no draft token was accepted")
+            self.switch_off("no draft token was accepted")
             return
         if self.plain_tokens < PLAIN_SAMPLES:
             return
         plain = self.plain_time / self.plain_tokens
         spec = self.spec_time / self.spec_tokens
         if plain / spec < SLOWER_LIMIT:
-            self._switch_off(f"{plain / spec:.2f}x of plain speed")
+            self.switch_off(f"{plain / spec:.2f}x of plain speed")
 
-    def _switch_off(self, why: str) -> None:
+    def switch_off(self, why: str) -> None:
         if not self.enabled:
             return
         self.enabled = False
@@ -228,6 +228,32 @@ class ModelDraft:
         tuner.drafted_step(proposed, accepted, seconds + self._draft_time)
 
 
+class ExactOnly:
+    """A drafter that asks the model, at its first draft, whether verifying drafts leaves
+    the output unchanged (`exact_batches`), and drafts nothing if not. Asking only then
+    spares the probe to every request that never drafts."""
+
+    def __init__(self, inner: PromptLookup | ModelDraft, model: LoadedModel) -> None:
+        self.inner = inner
+        self.tuner = inner.tuner
+        self.model = model
+        self.inexact = False
+        self._checked = False
+
+    def propose(self, context: Sequence[int], limit: int) -> list[int]:
+        draft = self.inner.propose(context, limit)
+        if draft and not self._checked:
+            self._checked = True
+            if not self.model.exact_batches():
+                self.inexact = True
+                self.tuner.switch_off("batched logits differ from one-token logits here")
+                return []
+        return draft
+
+    def observe(self, proposed: int, accepted: int, seconds: float) -> None:
+        self.inner.observe(proposed, accepted, seconds)
+
+
 class Speculation:
     """The engine's speculative decoding: which drafter a request gets, the draft models
     it loads, and the models it has switched drafting off for."""
@@ -250,28 +276,18 @@ class Speculation:
                 "or 'draft_model' in the request)",
                 param="speculate",
             )
-        if not model.exact_batches():
-            if (str(ref.path), "inexact") not in self._off:
-                self._off.add((str(ref.path), "inexact"))
-                log.warning(
-                    "%s: no speculative decoding: %s computes a token's logits differently "
-                    "in a batch than alone for this model (%s), so drafts would change the "
-                    "output",
-                    ref.name,
-                    model.info.backend,
-                    model.info.quant,
-                )
+        if (str(ref.path), "inexact") in self._off:
             return None
         kind = "draft" if mode == "draft" or (mode == "auto" and draft_name) else "lookup"
         if (str(ref.path), kind) in self._off and mode == "auto":
             return None
         label = f"{ref.name} ({kind})"
         if kind == "lookup":
-            return PromptLookup(Tuner(n_start=4, n_max=8, label=label))
+            return ExactOnly(PromptLookup(Tuner(n_start=4, n_max=8, label=label)), model)
         draft, draft_ref = self._draft_model(ref, model, str(draft_name))
         ratio = draft_ref.size_bytes / ref.size_bytes if ref.size_bytes else 0.5
         tuner = Tuner(n_start=3, n_max=6, label=label, draft_cost=ratio)
-        return ModelDraft(tuner, draft.draft_greedy)
+        return ExactOnly(ModelDraft(tuner, draft.draft_greedy), model)
 
     def _draft_model(
         self, ref: ModelRef, target: LoadedModel, name: str
@@ -315,13 +331,23 @@ class Speculation:
         return draft, draft_ref
 
     def finished(self, ref: ModelRef, drafter: Drafter | None) -> None:
-        tuner = getattr(drafter, "tuner", None)
-        if tuner is None:
+        if not isinstance(drafter, ExactOnly):
+            return
+        tuner = drafter.tuner
+        if drafter.inexact:
+            self._off.add((str(ref.path), "inexact"))
+            log.warning(
+                "%s: no speculative decoding: %s computes a token's logits differently in a "
+                "batch than alone for this model (%s), so drafts would change the output",
+                ref.name,
+                drafter.model.info.backend,
+                drafter.model.info.quant,
+            )
             return
         self.totals["proposed"] += tuner.stats.proposed
         self.totals["accepted"] += tuner.stats.accepted
         if not tuner.enabled:
-            kind = "draft" if isinstance(drafter, ModelDraft) else "lookup"
+            kind = "draft" if isinstance(drafter.inner, ModelDraft) else "lookup"
             self._off.add((str(ref.path), kind))
             self.totals["switched_off"] += 1
             log.warning("%s; off for this model until it is loaded again", tuner.verdict)

@@ -103,7 +103,6 @@ class _Crashy:
 
     def stream(self, prompt: list[int], params: SamplingParams, *, should_stop: object,
                drafter: object = None) -> Iterator[Chunk]:
-        assert drafter is None
         yield Chunk("a", (1,))
         yield Chunk("b", (2,))
         raise RuntimeError("native failure")
