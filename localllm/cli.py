@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 
 from localllm import __version__
 from localllm.cli_common import EXIT_USAGE, progress_printer
-from localllm.config import DEFAULT_PORT, Settings, load_settings
+from localllm.config import DEFAULT_PORT, SPECULATE_MODES, Settings, load_settings
 from localllm.errors import ConfigError, LocalLLMError, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     def speculate_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--speculate",
-            choices=["off", "lookup", "draft", "auto"],
+            choices=SPECULATE_MODES,
             help="speculative decoding: lookup (drafts from the prompt), draft (a draft "
             "model), auto (default: the draft model if one is set, else lookup), off",
         )

@@ -49,6 +49,9 @@ def _ollama_dir() -> Path:
     return Path(explicit).expanduser() if explicit else Path.home() / ".ollama" / "models"
 
 
+SPECULATE_MODES = ("off", "lookup", "draft", "auto")  # speculative decoding
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     """Everything configurable. Passed explicitly; never a module-level singleton."""
@@ -183,8 +186,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"prompt_cache_ram_mb must be 0 or more, got {s.prompt_cache_ram_mb}")
     if s.prompt_cache_disk_mb < 0:
         raise ConfigError(f"prompt_cache_disk_mb must be 0 or more, got {s.prompt_cache_disk_mb}")
-    if s.speculate not in ("off", "lookup", "draft", "auto"):
-        raise ConfigError(f"speculate must be off, lookup, draft or auto, got '{s.speculate}'")
+    if s.speculate not in SPECULATE_MODES:
+        raise ConfigError(
+            f"speculate must be one of {', '.join(SPECULATE_MODES)}, got '{s.speculate}'"
+        )
     if s.backend not in ("auto", "llamacpp", "mlx"):
         raise ConfigError(f"backend must be auto, llamacpp or mlx, got '{s.backend}'")
     if not 0 < s.port < 65536:

@@ -27,7 +27,6 @@ from localllm.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
-MODES = ("off", "lookup", "draft", "auto")
 NGRAM_MAX = 4
 NGRAM_MIN = 2
 SLOWER_LIMIT = 0.97  # drafting must keep at least this share of plain speed to go on

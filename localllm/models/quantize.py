@@ -20,7 +20,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,6 @@ class QuantizeResult:
     seconds: float
     fallback: int
     tensors: int
-    notes: tuple[str, ...] = field(default_factory=tuple)
 
 
 def default_name(source: ModelRef, target: str) -> str:
@@ -168,10 +167,12 @@ def plan_quantize(
 
 def fallback_note(target: str, fallback: int, tensors: int, group_size: int) -> str:
     if target in MLX_TYPES:
-        return (
-            f"{fallback} of {tensors} layers stay unquantized: their rows are not a multiple "
-            f"of the group size {group_size}"
+        # before a run only the hidden size is known, not how many layers it affects
+        which = (
+            f"{fallback} of {tensors} layers" if tensors else "layers that read the hidden state"
         )
+        why = f"their rows are not a multiple of the group size {group_size}"
+        return f"{which} stay unquantized: {why}"
     if target in _FALLBACK_BPW:
         return (
             f"{fallback} of {tensors} tensors fall back to another type: K-quants need rows "
@@ -210,13 +211,26 @@ def _estimate_gguf(source: ModelRef, target: str) -> tuple[int, int, int]:
 
 
 def _estimate_mlx(source: ModelRef, bits: int, group_size: int) -> tuple[int, int, int]:
-    """Bytes of an MLX quantization: bits plus a 16-bit scale and bias per group."""
+    """Bytes of an MLX quantization: bits plus a 16-bit scale and bias per group for
+    matrices whose rows split into groups, 16 bits for the rest; with layer counts when
+    the source is a GGUF (its header has every tensor's row length)."""
     from localllm.models.gguf import read_meta
 
     meta = read_meta(source.path, source.format)
     rate = bits + 32 / group_size
-    fallback = 1 if meta.n_embd and meta.n_embd % group_size else 0
-    return int(meta.params * rate / 8) + 4 * 1024 * 1024, fallback, 0
+    extra = 4 * 1024 * 1024  # tokenizer and config files
+    if not meta.tensor_shapes:  # an MLX folder: total parameters only
+        fallback = 1 if meta.n_embd and meta.n_embd % group_size else 0
+        return int(meta.params * rate / 8) + extra, fallback, 0
+    total, fallback, matrices = extra, 0, 0
+    for row, count in meta.tensor_shapes:
+        if row == count:
+            total += count * 2
+            continue
+        matrices += 1
+        fallback += row % group_size != 0
+        total += int(count * (16 if row % group_size else rate) / 8)
+    return total, fallback, matrices
 
 
 def _writable_free(models_dir: Path, where: str) -> int:
@@ -375,7 +389,7 @@ def quantize(
     else:
         gguf = plan.dest / f"{plan.name}.gguf"
         ref = ModelRef(plan.name, gguf, "gguf", "store", gguf.stat().st_size)
-    return QuantizeResult(plan.dest, ref, seconds, fallback, tensors, plan.warnings)
+    return QuantizeResult(plan.dest, ref, seconds, fallback, tensors)
 
 
 def _write_provenance(

@@ -8,6 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
+from localllm.config import SPECULATE_MODES
 from localllm.history import ConversationSettings
 
 FIELDS = (
@@ -29,7 +30,6 @@ def parse_backend(text: str) -> str | None:
     return value
 
 
-SPECULATE = ("off", "lookup", "draft", "auto")
 SPECULATE_LABEL = "Speculation: off, lookup, draft, auto (blank: the app default)"
 
 
@@ -37,9 +37,9 @@ def parse_speculate(text: str) -> str | None:
     value = text.strip().lower()
     if not value:
         return None
-    if value not in SPECULATE:
+    if value not in SPECULATE_MODES:
         raise ValueError(
-            f"Speculative decoding: '{text.strip()}' is not one of {', '.join(SPECULATE)}"
+            f"Speculative decoding: '{text.strip()}' is not one of {', '.join(SPECULATE_MODES)}"
         )
     return value
 
