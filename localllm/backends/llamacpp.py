@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
+from localllm.backends import lazy_pages
 from localllm.backends.base import (
     DEFAULT_MAX_CTX,
     Chunk,
@@ -142,7 +143,10 @@ class LlamaCppModel:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
-        ctx = ll.llama_init_from_model(model, cparams)
+        ctx, self.kv_released = lazy_pages.allocate_lazily(
+            lambda: ll.llama_init_from_model(model, cparams),
+            self._kv_bytes(model, n_ctx) if n_gpu == 0 else 0,
+        )
         if not ctx:
             ll.llama_model_free(model)
             raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens")
@@ -156,6 +160,18 @@ class LlamaCppModel:
         self.info = self._describe(ref, n_ctx, n_ctx_train, _device(ll, n_gpu), threads)
         if options.progress is not None:
             options.progress(1.0)
+
+    def _kv_bytes(self, model: Any, n_ctx: int) -> int:
+        """The f16 KV cache llama.cpp allocates for n_ctx tokens (0: a cache of another kind)."""
+        ll = self._ll
+        if ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model):
+            return 0
+        n_head = int(ll.llama_model_n_head(model))
+        if n_head <= 0 or int(ll.llama_model_n_swa(model)) > 0:
+            return 0
+        head_dim = int(ll.llama_model_n_embd(model)) // n_head
+        per_token = int(ll.llama_model_n_layer(model)) * 2 * int(ll.llama_model_n_head_kv(model))
+        return n_ctx * per_token * head_dim * 2
 
     # -- metadata ------------------------------------------------------------------
     def _describe(

@@ -349,9 +349,7 @@ class ChatApp(App[None]):
         self.generating = True
         try:
             await self._ensure_model_settings(conv)
-            stream = await self._start(conv)
-            if stream is not None:
-                await self._stream_answer(conv, stream)
+            await self._answer_then_stream(conv)
         except LocalLLMError as exc:
             self.notify(exc.message, title="Generation failed", severity="error", timeout=10)
         finally:
@@ -429,21 +427,39 @@ class ChatApp(App[None]):
         await self.open_conversation(new.id)
         mid = self.history.add(new.id, "user", last_user.content)
         await self.chat.mount(ChatMessage("user", last_user.content, message_id=mid))
-        stream = await self._start(new)
-        if stream is not None:
-            await self._stream_answer(new, stream)
+        await self._answer_then_stream(new)
 
-    async def _stream_answer(self, conv: Conversation, stream: ChunkStream) -> None:
-        self._stream = stream
+    async def _answer_then_stream(self, conv: Conversation) -> None:
+        """Mount the (empty) answer, then submit the request and stream into it. Mounting
+        first keeps its layout work out of the decode: the first chunk arrives with the
+        first token, and from then on every millisecond of the UI thread is the model's."""
+        answer = await self._mount_answer(conv)
+        stream = await self._start(conv)
+        if stream is None or not answer.is_attached:  # no answer, or the view was rebuilt
+            if answer.is_attached:
+                await answer.remove()
+            if stream is None:
+                return
+            answer = await self._mount_answer(conv)
+        await self._stream_answer(conv, stream, answer)
+
+    async def _mount_answer(self, conv: Conversation) -> ChatMessage:
         answer = ChatMessage("assistant", "")
-        md: MarkdownStream | None = None
         if self.conv is not None and self.conv.id == conv.id:  # still on screen
             await self.chat.mount(answer)
             if self.conv is not None and self.conv.id == conv.id:
                 self.chat.scroll_end(animate=False)
-                md = Markdown.get_stream(answer.body)
             elif answer.is_attached:  # the view moved to another conversation meanwhile
                 await answer.remove()
+        return answer
+
+    async def _stream_answer(
+        self, conv: Conversation, stream: ChunkStream, answer: ChatMessage
+    ) -> None:
+        self._stream = stream
+        md: MarkdownStream | None = None
+        if answer.is_attached and self.conv is not None and self.conv.id == conv.id:
+            md = Markdown.get_stream(answer.body)
         pacer = RedrawPacer()
         parts: list[str] = []
         final: Chunk | None = None

@@ -1,0 +1,113 @@
+"""The KV cache's pages become resident as the context fills, not when the model loads."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import sys
+
+import pytest
+
+from localllm.backends import lazy_pages
+from localllm.backends.base import LoadOptions, Message, ModelRef, SamplingParams
+from localllm.backends.llamacpp import LlamaCppBackend
+from tests.conftest import THREADS
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+MiB = 1 << 20
+PAGE = mmap.PAGESIZE
+
+
+def rss_anon() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def zeroed_buffer(size: int, marks: list[int]) -> tuple[mmap.mmap, int]:
+    """A private anonymous mapping, every page written (resident), with a byte set at each
+    offset in `marks`."""
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    buf.write(bytes(size))
+    for at in marks:
+        buf[at] = 7
+    return buf, ctypes.addressof(ctypes.c_char.from_buffer(buf))
+
+
+def test_zero_pages_are_given_back_and_contents_kept():
+    size = 32 * MiB
+    marks = [10, 16 * MiB + 5, size - 1]
+    held: list[tuple[mmap.mmap, int]] = []
+    resident: list[int] = []
+
+    def make() -> None:
+        held.append(zeroed_buffer(size, marks))
+        resident.append(rss_anon())
+
+    _, released = lazy_pages.allocate_lazily(make, 12 * MiB)
+    buf, _ = held[0]
+    # the two zero runs between the marks go (each just under 16 MiB); the marked pages stay
+    assert released == size - 3 * PAGE
+    assert rss_anon() < resident[0] - size + 8 * MiB  # numpy, imported on first use
+    assert [i for i in marks if buf[i] == 7] == marks
+    assert buf[:].count(0) == size - len(marks)  # every other byte still reads 0
+    ctypes.memset(ctypes.addressof(ctypes.c_char.from_buffer(buf)) + 4 * MiB, 1, MiB)
+    assert buf[4 * MiB : 5 * MiB] == b"\x01" * MiB  # and takes writes as before
+    del buf
+    held.clear()
+
+
+def test_a_shorter_zero_run_is_left_alone():
+    held: list[tuple[mmap.mmap, int]] = []
+    _, released = lazy_pages.allocate_lazily(
+        lambda: held.append(zeroed_buffer(8 * MiB, [4 * MiB])), 6 * MiB
+    )
+    assert released == 0
+    held.clear()
+
+
+def test_memory_mapped_before_the_call_is_never_touched():
+    old, _ = zeroed_buffer(16 * MiB, [])
+    _, released = lazy_pages.allocate_lazily(lambda: None, 4 * MiB)
+    assert released == 0
+    old.close()
+
+
+def test_new_ranges_subtracts_what_was_mapped_before():
+    before = [(100, 200), (300, 400)]
+    assert lazy_pages.new_ranges(before, [(0, 500)]) == [(0, 100), (200, 300), (400, 500)]
+    assert lazy_pages.new_ranges(before, [(100, 200)]) == []
+    assert lazy_pages.new_ranges(before, [(150, 350)]) == [(200, 300)]
+
+
+def test_starter_kv_cache_is_resident_only_as_used(
+    starter_ref: ModelRef, monkeypatch: pytest.MonkeyPatch
+):
+    """At 4,096 tokens the starter's KV cache is 90 MiB; loading it adds far less, and the
+    answers are the same as on a context whose cache was never given back."""
+    kv = 4096 * 30 * 2 * 3 * 64 * 2
+    before = rss_anon()
+    model = LlamaCppBackend().load(starter_ref, LoadOptions(n_threads=THREADS, n_ctx=4096))
+    try:
+        assert model.kv_released >= kv
+        assert rss_anon() - before < kv // 2
+        prompt = model.render_chat([Message("user", "Name three rivers in Europe.")])
+        greedy = SamplingParams(temperature=0.0, max_tokens=24)
+        lazy = [
+            t for c in model.stream(prompt, greedy, should_stop=lambda: False) for t in c.tokens
+        ]
+    finally:
+        model.close()
+    monkeypatch.setattr(lazy_pages, "supported", lambda: False)
+    before = rss_anon()
+    eager = LlamaCppBackend().load(starter_ref, LoadOptions(n_threads=THREADS, n_ctx=4096))
+    try:
+        assert eager.kv_released == 0 and rss_anon() - before > kv
+        plain = [
+            t for c in eager.stream(prompt, greedy, should_stop=lambda: False) for t in c.tokens
+        ]
+    finally:
+        eager.close()
+    assert lazy == plain and len(lazy) == 24
