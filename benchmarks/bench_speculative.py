@@ -10,7 +10,10 @@ Every drafted answer is checked to be token for token the plain one.
     on the starter model;
 (b) draft model: the starter dequantized to F16 as the target, its Q4_0 as the draft
     (both made with `localllm quantize`), on open-ended and code prompts;
-(c) open-ended chat in `auto` (no draft model set: prompt lookup) on the starter.
+(c) open-ended chat in `auto` (no draft model set: prompt lookup) on the starter, the
+    drafters coming from the engine's own `Speculation`, so that what one request shows
+    carries to the next as in the app (auto pools a model's requests and switches
+    drafting off for the model when it does not pay).
 
     python -m benchmarks.bench_speculative [--rounds N]
 """
@@ -22,11 +25,13 @@ import statistics
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks.common import machine
 from localllm.backends.base import Drafter, LoadedModel, LoadOptions, Message, SamplingParams
 from localllm.backends.llamacpp import LlamaCppModel
-from localllm.engine.speculative import ModelDraft, PromptLookup, Tuner
+from localllm.config import Settings
+from localllm.engine.speculative import ModelDraft, PromptLookup, Speculation, Tuner
 from localllm.models import quantize as q
 from localllm.models.store import ModelStore
 
@@ -86,8 +91,9 @@ def compare(
     label: str,
     model: LoadedModel,
     prompts: list[str],
-    make: Callable[[], Drafter],
+    make: Callable[[], Drafter | None],
     rounds: int,
+    done: Callable[[Drafter | None], None] = lambda _: None,
 ) -> None:
     ratios, proposed, accepted, plain_tps, spec_tps = [], 0, 0, [], []
     for r in range(rounds):
@@ -96,7 +102,10 @@ def compare(
             runs: dict[str, tuple[list[int], float, int, int]] = {}
             order = ("plain", "spec") if (r + i) % 2 == 0 else ("spec", "plain")
             for kind in order:
-                runs[kind] = decode(model, prompt, make() if kind == "spec" else None)
+                drafter = make() if kind == "spec" else None
+                runs[kind] = decode(model, prompt, drafter)
+                if kind == "spec":
+                    done(drafter)
             assert runs["spec"][0] == runs["plain"][0], f"{label}: output differs on {text!r}"
             ratios.append(runs["spec"][1] / runs["plain"][1])
             plain_tps.append(runs["plain"][1])
@@ -128,9 +137,19 @@ def main() -> None:
     def lookup() -> Drafter:
         return PromptLookup(Tuner(n_start=4, n_max=8, label="lookup"))
 
+    engine_side = Speculation(Settings(speculate="auto"), store)
+    auto = SimpleNamespace(speculate="auto", draft_model=None)
+
     try:
         compare("(a) code edits, lookup, starter", model, CODE, lookup, args.rounds)
-        compare("(c) open-ended chat, auto (lookup), starter", model, CHAT, lookup, args.rounds)
+        compare(
+            "(c) open-ended chat, auto (lookup), starter",
+            model,
+            CHAT,
+            lambda: engine_side.drafter(auto, starter, model),
+            args.rounds,
+            lambda drafter: engine_side.finished(starter, drafter),
+        )
     finally:
         model.close()
     with tempfile.TemporaryDirectory(prefix="bench-spec-") as tmp:

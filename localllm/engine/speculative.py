@@ -45,6 +45,20 @@ class SpecStats:
         return self.accepted / self.proposed if self.proposed else 0.0
 
 
+@dataclass
+class Evidence:
+    """What drafting has shown: accepted drafts, rejecting steps, and the measured cost of
+    verified positions. A request's own, or in auto mode shared by one model's requests,
+    so that chat turns that each draft a little still add up to a verdict."""
+
+    proposed: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    steps: int = 0
+    extra: float = 0.0  # measured sum of (t / c1 - 1) over drafted steps
+    extra_positions: int = 0
+
+
 class Tuner:
     """Measures one request's plain and drafted steps, picks each step's draft length, and
     switches drafting off when it does not pay.
@@ -64,9 +78,10 @@ class Tuner:
         n_max: int,
         label: str,
         p_prior: float = 0.8,
+        alpha_prior: float = 0.5,
         draft_cost: float = 0.0,
+        evidence: Evidence | None = None,
     ) -> None:
-        self.n = n_start
         self.n_max = n_max
         self.label = label
         self.stats = SpecStats()
@@ -77,30 +92,40 @@ class Tuner:
         self.spec_tokens = 0
         self.verdict = ""
         self._p_prior = p_prior
-        self._rejections = 0
-        self._extra = 0.0  # measured sum of (t / c1 - 1) over drafted steps
-        self._extra_positions = 0
+        self._alpha_prior = alpha_prior
+        self.evidence = evidence or Evidence()
         # a draft model's cost per drafted token, in plain steps of the target (prior:
         # the models' size ratio); 0 for prompt lookup
         self.draft_cost = draft_cost
-        if draft_cost and self._best_length() == 0:
-            self.switch_off(f"a draft token costs {draft_cost:.2f} of a target step")
+        best = self._best_length()
+        # the first draft is only as long as what is known says pays: a rejected draft
+        # costs alpha plain steps per token
+        self.n = max(1, min(n_start, best))
+        if best == 0:
+            self.switch_off(
+                f"a draft token costs {draft_cost:.2f} of a target step"
+                if draft_cost and not self.evidence.steps
+                else self._no_length()
+            )
 
     def plain_step(self, seconds: float) -> None:
         self.plain_time += seconds
         self.plain_tokens += 1
 
     def drafted_step(self, proposed: int, accepted: int, seconds: float) -> None:
-        s = self.stats
+        s, e = self.stats, self.evidence
         s.proposed += proposed
         s.accepted += accepted
         s.steps += 1
+        e.proposed += proposed
+        e.accepted += accepted
+        e.steps += 1
         self.spec_time += seconds
         self.spec_tokens += accepted + 1
-        self._rejections += accepted < proposed
+        e.rejections += accepted < proposed
         if self.plain_tokens:
-            self._extra += seconds / (self.plain_time / self.plain_tokens) - 1.0
-            self._extra_positions += proposed
+            e.extra += seconds / (self.plain_time / self.plain_tokens) - 1.0
+            e.extra_positions += proposed
         self._choose()
         self._judge()
 
@@ -111,16 +136,17 @@ class Tuner:
     @property
     def acceptance_chance(self) -> float:
         """p: accepted / (accepted + rejections), starting from a prior worth 2 steps."""
-        return (self.stats.accepted + 2 * self._p_prior) / (
-            self.stats.accepted + self._rejections + 2
-        )
+        e = self.evidence
+        return (e.accepted + 2 * self._p_prior) / (e.accepted + e.rejections + 2)
 
     @property
     def alpha(self) -> float:
-        """The measured cost of one more verified position, in plain steps (prior 0.5)."""
-        if self._extra_positions < 4:
-            return 0.5
-        return max(0.0, self._extra / self._extra_positions)
+        """The measured cost of one more verified position, in plain steps (before four
+        are measured: the prior, about 0.5 on a small CPU)."""
+        e = self.evidence
+        if e.extra_positions < 4:
+            return self._alpha_prior
+        return max(0.0, e.extra / e.extra_positions)
 
     def _best_length(self) -> int:
         """The draft length with the best expected tokens per unit of time; 0: none beats
@@ -137,16 +163,19 @@ class Tuner:
     def _choose(self) -> None:
         best = self._best_length()
         if best == 0:
-            self.switch_off(
-                f"no draft length pays at p={self.acceptance_chance:.2f}, "
-                f"alpha={self.alpha:.2f}, draft cost {self.draft_cost:.2f}"
-            )
+            self.switch_off(self._no_length())
         self.n = max(best, 1)
 
+    def _no_length(self) -> str:
+        return (
+            f"no draft length pays at p={self.acceptance_chance:.2f}, "
+            f"alpha={self.alpha:.2f}, draft cost {self.draft_cost:.2f}"
+        )
+
     def _judge(self) -> None:
-        if not self.enabled or self.stats.steps < TRIAL_STEPS:
+        if not self.enabled or self.evidence.steps < TRIAL_STEPS:
             return
-        if self.stats.accepted == 0:  # one token per step, as plain decoding, at a higher cost
+        if self.evidence.accepted == 0:  # one token per step, as plain, at a higher cost
             self.switch_off("no draft token was accepted")
             return
         if self.plain_tokens < PLAIN_SAMPLES:
@@ -160,9 +189,12 @@ class Tuner:
         if not self.enabled:
             return
         self.enabled = False
+        s, e = self.stats, self.evidence
         self.verdict = (
             f"{self.label}: drafting switched off ({why}; {self.stats.acceptance:.0%} "
-            f"acceptance over {self.stats.steps} steps)"
+            f"acceptance over {self.stats.steps} steps"
+            + (f", {e.accepted}/{e.proposed} over {e.steps} in all" if e.steps > s.steps else "")
+            + ")"
         )
         log.info(self.verdict)
 
@@ -262,6 +294,8 @@ class Speculation:
         self.store = store
         self._drafts: dict[tuple[str, str], Any] = {}  # (target path, draft path) -> model
         self._off: set[tuple[str, str]] = set()  # (target path, kind) that did not pay
+        # auto mode: what drafting has shown for each (target path, kind) so far
+        self._evidence: dict[tuple[str, str], Evidence] = {}
         self.totals = {"proposed": 0, "accepted": 0, "switched_off": 0}
 
     def drafter(self, request: Any, ref: ModelRef, model: LoadedModel) -> Drafter | None:
@@ -281,11 +315,20 @@ class Speculation:
         if (str(ref.path), kind) in self._off and mode == "auto":
             return None
         label = f"{ref.name} ({kind})"
+        # in auto mode a model's requests pool what drafting has shown (a chat turn drafts
+        # only now and then), so it is judged over them; asked for, it is judged per request
+        pooled = self._evidence.setdefault((str(ref.path), kind), Evidence())
+        evidence = pooled if mode == "auto" else None
+        # a verified position costs about half a step on a CPU, a few percent elsewhere
+        alpha = 0.5 if model.info.device.startswith("cpu") else 0.1
         if kind == "lookup":
-            return ExactOnly(PromptLookup(Tuner(n_start=4, n_max=8, label=label)), model)
+            tuner = Tuner(n_start=4, n_max=8, label=label, alpha_prior=alpha, evidence=evidence)
+            return ExactOnly(PromptLookup(tuner), model)
         draft, draft_ref = self._draft_model(ref, model, str(draft_name))
         ratio = draft_ref.size_bytes / ref.size_bytes if ref.size_bytes else 0.5
-        tuner = Tuner(n_start=3, n_max=6, label=label, draft_cost=ratio)
+        tuner = Tuner(
+            n_start=3, n_max=6, label=label, draft_cost=ratio, alpha_prior=alpha, evidence=evidence
+        )
         return ExactOnly(ModelDraft(tuner, draft.draft_greedy), model)
 
     def _draft_model(
@@ -366,6 +409,7 @@ class Speculation:
         for key in [k for k in self._drafts if k[0] == str(ref.path)]:
             self._drafts.pop(key).close()
         self._off = {k for k in self._off if k[0] != str(ref.path)}
+        self._evidence = {k: v for k, v in self._evidence.items() if k[0] != str(ref.path)}
 
     def close(self) -> None:
         for model in self._drafts.values():

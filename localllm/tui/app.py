@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -52,6 +53,7 @@ def device_label(info: ModelInfo) -> str:
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 NEW_TITLE = "New chat"
+SWITCH_INTERVAL_S = 0.0005  # the GIL hand-over interval while the app runs (default 0.005)
 
 
 class ChatApp(App[None]):
@@ -147,6 +149,9 @@ class ChatApp(App[None]):
         return self.query_one(ChatInput)
 
     async def on_mount(self) -> None:
+        # The engine thread needs the GIL for a moment after every token; while the UI
+        # thread paints, the default 5 ms switch interval would keep it waiting that long.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         last = self.history.last()
         conv = self.history.get(last) if last else None
         if conv is None:

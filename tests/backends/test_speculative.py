@@ -14,7 +14,14 @@ import pytest
 from localllm.backends import all_backends
 from localllm.backends.base import Drafter, LoadedModel, LoadOptions, Message, SamplingParams
 from localllm.config import Settings
-from localllm.engine.speculative import TRIAL_STEPS, ModelDraft, PromptLookup, Tuner
+from localllm.engine.speculative import (
+    PLAIN_SAMPLES,
+    TRIAL_STEPS,
+    ModelDraft,
+    PromptLookup,
+    Speculation,
+    Tuner,
+)
 from localllm.engine.worker import Engine, Request
 from localllm.errors import InvalidRequest
 from localllm.models.store import ModelStore
@@ -104,6 +111,33 @@ def test_drafts_that_never_fit_switch_off_and_the_answer_stays_exact(loaded: Loa
     assert accepted == 0 and not tuner.enabled and 1 <= tuner.stats.steps <= TRIAL_STEPS
     assert "drafting switched off" in tuner.verdict and "0% acceptance" in tuner.verdict
     assert proposed == tuner.stats.proposed  # nothing drafted after it switched off
+
+
+def test_auto_judges_a_models_requests_together_and_stops_drafting_for_it(
+    loaded: LoadedModel, starter_ref, settings: Settings, store: ModelStore
+):
+    """A chat turn drafts now and then, too rarely to reach a verdict alone: in auto mode
+    the turns' drafts add up, and once they show drafting does not pay here, the model
+    gets no drafter until it is loaded again. Asked for by name, lookup still drafts."""
+    spec = Speculation(replace(settings, speculate="auto"), store)
+    turn = Request(SamplingParams(), messages=[Message("user", "Hi")])
+    turns, first_lengths = 0, []
+    while (drafter := spec.drafter(turn, starter_ref, loaded)) is not None:
+        turns += 1
+        assert turns < 10, "auto never judged the turns together"
+        tuner = drafter.tuner  # type: ignore[attr-defined]
+        first_lengths.append(tuner.n)
+        for _ in range(PLAIN_SAMPLES):
+            drafter.observe(0, 0, 0.010)
+        drafter.observe(tuner.n, 0, 0.010 * (1 + 0.6 * tuner.n))  # rejected, as measured here
+        spec.finished(starter_ref, drafter)
+    assert turns >= 2 and "in all" in tuner.verdict
+    if loaded.info.device.startswith("cpu"):
+        assert first_lengths[0] == 1  # a rejected draft costs about half a step per token
+    asked = spec.drafter(replace(turn, speculate="lookup"), starter_ref, loaded)
+    assert asked is not None and asked.tuner.enabled  # type: ignore[attr-defined]
+    spec.release(starter_ref)  # loaded again: a fresh chance
+    assert spec.drafter(turn, starter_ref, loaded) is not None
 
 
 def test_engine_refuses_a_draft_with_another_vocabulary(
