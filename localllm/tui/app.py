@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import sys
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -53,7 +52,6 @@ def device_label(info: ModelInfo) -> str:
 
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.DOTALL)
 NEW_TITLE = "New chat"
-SWITCH_INTERVAL_S = 0.0005  # the GIL hand-over interval while the app runs (default 0.005)
 
 
 class ChatApp(App[None]):
@@ -149,9 +147,6 @@ class ChatApp(App[None]):
         return self.query_one(ChatInput)
 
     async def on_mount(self) -> None:
-        # The engine thread needs the GIL for a moment after every token; while the UI
-        # thread paints, the default 5 ms switch interval would keep it waiting that long.
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
         last = self.history.last()
         conv = self.history.get(last) if last else None
         if conv is None:
