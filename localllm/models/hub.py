@@ -2,8 +2,9 @@
 
 `localllm pull org/repo[:QUANT_OR_FILE]` takes one GGUF model (all shards of a split
 one) or a whole MLX repository. huggingface_hub does the talking: the repository
-listing with sizes and checksums, authentication (HF_TOKEN), the endpoint, and the
-streamed GET with its retries. This module owns where the bytes go: each file is
+listing with sizes and checksums, authentication (HF_TOKEN), the endpoint, its HTTP
+session and error types. This module streams each file itself (resuming a dropped
+connection, as huggingface_hub does) and owns where the bytes go: each file is
 written to `<store>/.pull-<name>/<commit>/<file>.part`, so an interrupted pull,
 even a killed process, resumes from the bytes it has; each file is checked against
 the size and hash the hub lists (SHA-256 for LFS files, the git blob id for small
@@ -26,6 +27,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -261,49 +263,119 @@ def _fetch_head(plan: PullPlan, folder: Path, nbytes: int) -> Path:
 
 
 class _HashingFile:
-    """A file object for huggingface_hub's http_get: writes go to disk, and to a hasher on
-    its own thread (hashlib releases the GIL), so checking costs no time of its own."""
+    """Writes go to the file, and to a hasher on its own thread (hashlib releases the GIL
+    for large updates), handed over in batches of a few MiB, so checking costs the
+    download little time of its own."""
 
     _RESET = b""
+    _BATCH = 4 * 1024 * 1024
 
     def __init__(self, fh: BinaryIO, new_digest: Callable[[], Any], digest: Any) -> None:
         self._fh = fh
-        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        self._queue: queue.Queue[list[bytes] | bytes | None] = queue.Queue(maxsize=16)
         self._new_digest = new_digest
         self._digest = digest
+        self._batch: list[bytes] = []
+        self._batched = 0
         self._thread = threading.Thread(target=self._hash, daemon=True)
         self._thread.start()
 
     def _hash(self) -> None:
-        while (block := self._queue.get()) is not None:
-            if block is self._RESET:
+        while (item := self._queue.get()) is not None:
+            if item is self._RESET:
                 self._digest = self._new_digest()
             else:
-                self._digest.update(block)
+                for block in item:
+                    self._digest.update(block)
 
     def write(self, data: bytes) -> int:
         n = self._fh.write(data)
         if data:
-            self._queue.put(bytes(data))
+            self._batch.append(data)
+            self._batched += len(data)
+            if self._batched >= self._BATCH:
+                self._queue.put(self._batch)
+                self._batch, self._batched = [], 0
         return n
 
-    def tell(self) -> int:
-        return self._fh.tell()
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self._fh.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        # the server ignored the Range request and sends the file from its start
-        n = self._fh.truncate(size)
-        if n == 0:
-            self._queue.put(self._RESET)
-        return n
+    def restart(self) -> None:
+        """The server ignored the Range request and sends the file from its start."""
+        self._fh.seek(0)
+        self._fh.truncate(0)
+        self._batch, self._batched = [], 0
+        self._queue.put(self._RESET)
 
     def finish(self) -> str:
+        self._queue.put(self._batch)
         self._queue.put(None)
         self._thread.join()
         return str(self._digest.hexdigest())
+
+
+_ATTEMPTS = 5  # tries without a new byte before a dropped connection is final
+
+
+def _transient_errors() -> tuple[type[BaseException], ...]:
+    """The errors after which huggingface_hub's own download resumes (its HTTP client is
+    httpx2 from huggingface_hub 2 on, httpx before)."""
+    import importlib
+
+    try:
+        http = importlib.import_module("httpx2")
+    except ImportError:
+        http = importlib.import_module("httpx")
+    return (http.ConnectError, http.TimeoutException, http.RemoteProtocolError)
+
+
+def _stream(url: str, sink: _HashingFile, *, have: int, size: int | None, name: str) -> None:
+    """GET url into sink from byte `have` on. Each piece is written as it comes off the
+    socket (huggingface_hub's http_get gathers 10 MB pieces first: one more copy of every
+    byte); a dropped connection resumes from the bytes written, as http_get does."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, tqdm
+
+    attempts = _ATTEMPTS
+    bar = tqdm(
+        total=size,
+        initial=have,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=name if len(name) <= 40 else f"(…){name[-40:]}",
+        name="huggingface_hub.http_get",
+    )
+    with bar:
+        while True:
+            headers = build_hf_headers(token=_token())
+            if have:
+                headers["Range"] = f"bytes={have}-"
+            try:
+                with get_session().stream(
+                    "GET",
+                    url,
+                    headers=headers,
+                    follow_redirects=True,
+                    timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()  # the error's body says why (gated, missing...)
+                    hf_raise_for_status(response)
+                    if have and response.status_code == 200:
+                        sink.restart()
+                        bar.update(-have)
+                        have = 0
+                    for piece in response.iter_bytes():
+                        sink.write(piece)
+                        have += len(piece)
+                        bar.update(len(piece))
+                        attempts = _ATTEMPTS
+                return
+            except _transient_errors() as exc:
+                attempts -= 1
+                if attempts <= 0:
+                    raise
+                log.warning("%s: %s; resuming from byte %d", name, exc, have)
+                time.sleep(1)
 
 
 def _new_digest(f: RemoteFile) -> Any:
@@ -316,11 +388,9 @@ def _new_digest(f: RemoteFile) -> Any:
 
 
 def _download(plan: PullPlan, f: RemoteFile, staging: Path) -> None:
-    """One file into the staging folder, resumed from its .part file, checked as it streams;
-    the progress bar is huggingface_hub's."""
+    """One file into the staging folder, resumed from its .part file, checked as it streams,
+    with huggingface_hub's progress bar."""
     from huggingface_hub import hf_hub_url
-    from huggingface_hub.file_download import http_get
-    from huggingface_hub.utils import build_hf_headers
 
     done = staging / local_path(plan, f)
     if done.is_file():
@@ -340,14 +410,7 @@ def _download(plan: PullPlan, f: RemoteFile, staging: Path) -> None:
     with part.open("ab") as fh:
         sink = _HashingFile(fh, lambda: _new_digest(f), digest)
         try:
-            http_get(
-                url,
-                sink,  # type: ignore[arg-type]
-                resume_size=have,
-                headers=build_hf_headers(token=_token()),
-                expected_size=f.size,
-                displayed_filename=f.path.rsplit("/", 1)[-1],
-            )
+            _stream(url, sink, have=have, size=f.size, name=f.path.rsplit("/", 1)[-1])
         finally:
             got = sink.finish()
     size = part.stat().st_size
