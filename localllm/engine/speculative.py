@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from localllm.backends.base import Chunk, Drafter, LoadedModel, ModelRef
-from localllm.errors import InvalidRequest
+from localllm.errors import InvalidRequest, LocalLLMError
 
 log = logging.getLogger(__name__)
 
@@ -283,6 +283,18 @@ class ExactOnly:
 
     def observe(self, proposed: int, accepted: int, seconds: float) -> None:
         self.inner.observe(proposed, accepted, seconds)
+
+
+def configured_draft(settings: Any, store: Any) -> ModelRef | None:
+    """The draft model the settings load beside every model (None: none, or not found;
+    a missing one is reported when a request first drafts)."""
+    if not settings.draft_model or settings.speculate not in ("auto", "draft"):
+        return None
+    try:
+        ref: ModelRef = store.resolve(settings.draft_model)
+    except LocalLLMError:
+        return None
+    return ref
 
 
 class Speculation:

@@ -34,7 +34,7 @@ from localllm.backends.base import (
 )
 from localllm.config import Settings
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
-from localllm.engine.speculative import Speculation
+from localllm.engine.speculative import Speculation, configured_draft
 from localllm.engine.stream import END, ChunkStream, Started
 from localllm.errors import (
     ContextOverflow,
@@ -298,7 +298,9 @@ class Engine:
     def _estimate(self, ref: ModelRef, n_ctx: int | None) -> fit.Estimate:
         on_mlx = self._backend == "mlx" or ref.format == "mlx"
         scale = 2 if on_mlx and not apple_silicon() else 1  # MLX on a CPU keeps f32 KV
-        return fit.estimate(ref, n_ctx, kv_scale=scale)
+        draft = configured_draft(self.settings, self.store)
+        beside = draft if draft is not None and draft.path != ref.path else None
+        return fit.estimate(ref, n_ctx, kv_scale=scale).with_draft(beside, kv_scale=scale)
 
     def _free(self) -> fit.Free:
         from localllm.backends.llamacpp import gpu_offload

@@ -31,28 +31,42 @@ class Estimate:
     buffers: int
     n_ctx: int
     kv_per_token: int  # 0 when the header could not be read
+    draft: Estimate | None = None  # a draft model beside it (speculative decoding)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv + self.buffers
+        return self.weights + self.kv + self.buffers + (self.draft.total if self.draft else 0)
 
     def text(self) -> str:
         kv = f"KV {format_bytes(self.kv)} at {self.n_ctx} tokens"
+        draft = f" + draft {self.draft.name} {format_bytes(self.draft.total)}" if self.draft else ""
         return (
             f"about {format_bytes(self.total)} (weights {format_bytes(self.weights)}"
-            f" + {kv} + buffers {format_bytes(self.buffers)})"
+            f" + {kv} + buffers {format_bytes(self.buffers)}{draft})"
         )
 
     def max_ctx(self, free: int) -> int:
-        """The largest context (a multiple of 256) whose load fits in `free` bytes; 0: none."""
-        room = free - self.weights - self.buffers
+        """The largest context (a multiple of 256) whose load fits in `free` bytes; 0: none.
+        A draft model runs at the target's context, so its KV grows with it."""
+        d = self.draft
+        room = free - self.weights - self.buffers - (d.weights + d.buffers if d else 0)
+        per_token = self.kv_per_token + (d.kv_per_token if d else 0)
         if self.kv_per_token <= 0 or room <= 0:
             return 0
-        return min(self.n_ctx, room // self.kv_per_token // 256 * 256)
+        return min(self.n_ctx, room // per_token // 256 * 256)
 
     def at_ctx(self, n_ctx: int) -> Estimate:
-        """The same model at another context size."""
-        return dataclasses.replace(self, kv=n_ctx * self.kv_per_token, n_ctx=n_ctx)
+        """The same model (and draft) at another context size."""
+        draft = self.draft.at_ctx(n_ctx) if self.draft else None
+        return dataclasses.replace(self, kv=n_ctx * self.kv_per_token, n_ctx=n_ctx, draft=draft)
+
+    def with_draft(self, draft: ModelRef | None, *, kv_scale: int = 1) -> Estimate:
+        """The same load with a draft model beside it, at the same context (None: alone)."""
+        if draft is None:
+            return self
+        return dataclasses.replace(
+            self, draft=estimate(draft, self.n_ctx or None, kv_scale=kv_scale)
+        )
 
     def with_weights(self, weights: int) -> Estimate:
         """Another file of the same model (another quantization): its weights, same KV."""

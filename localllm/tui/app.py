@@ -26,6 +26,7 @@ from textual.widgets.markdown import MarkdownStream
 
 from localllm.backends.base import Chunk, Message, ModelInfo, ModelRef, SamplingParams
 from localllm.config import Settings
+from localllm.engine.speculative import configured_draft
 from localllm.engine.stream import ChunkStream
 from localllm.engine.worker import Engine, Request
 from localllm.errors import ContextOverflow, LocalLLMError
@@ -568,7 +569,8 @@ class ChatApp(App[None]):
     @work(exclusive=True, group="dialog")
     async def action_models(self) -> None:
         refs = self.engine.store.models()
-        rows = await asyncio.to_thread(lambda: [describe(r) for r in refs])
+        draft = configured_draft(self.settings, self.engine.store)
+        rows = await asyncio.to_thread(lambda: [describe(r, draft=draft) for r in refs])
         current = self.engine.model_ref.name if self.engine.model_ref else None
         loaded = frozenset(str(row["model"]) for row in self.engine.resident())
         picker = ModelPicker(

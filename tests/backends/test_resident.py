@@ -170,3 +170,27 @@ def test_shutdown_unloads_everything(
     engine.close()
     assert engine.resident() == [] and engine.totals["unloads"] == 2
     assert list((settings.cache_dir / "kv").rglob("*.kv"))  # live states went to disk
+
+
+def test_a_configured_draft_model_counts_in_the_fit(
+    settings: Settings, twin_store: ModelStore
+) -> None:
+    """A draft model loads beside its target at the same context, so the estimate holds
+    both: the starter alone fits in 340 MiB, with `twin` as its draft it does not, and the
+    refusal says so. Loading the draft model itself does not count it twice."""
+    engine = make(settings, twin_store, memory_budget_mb=340, draft_model="twin")
+    try:
+        with pytest.raises(ModelTooLarge) as err:
+            engine.load("starter")
+        msg = err.value.message
+        assert "+ draft twin " in msg and "340.0 MiB" in msg
+        # 2 x (weights + buffers) leave 15 MiB: 256 tokens of KV for the two of them
+        assert "--ctx 256 " in err.value.hint
+        assert engine.load("twin").id == "twin"
+    finally:
+        engine.close()
+    off = make(settings, twin_store, memory_budget_mb=340, draft_model="twin", speculate="off")
+    try:
+        assert off.load("starter").id == "starter"  # no drafting: no draft model beside it
+    finally:
+        off.close()

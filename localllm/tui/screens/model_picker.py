@@ -31,13 +31,15 @@ class ModelRow:
         return self.need_bytes <= free_bytes
 
 
-def describe(ref: ModelRef, n_ctx: int | None = None) -> ModelRow:
-    """Header facts and the memory a load would need (models.fit: weights + KV + buffers)."""
+def describe(ref: ModelRef, n_ctx: int | None = None, *, draft: ModelRef | None = None) -> ModelRow:
+    """Header facts and the memory a load would need (models.fit: weights + KV + buffers,
+    and the configured draft model beside it)."""
     try:
         meta: ModelMeta | None = read_meta(ref.path, ref.format)
     except LocalLLMError:
         meta = None
-    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx).total
+    beside = draft if draft is not None and draft.path != ref.path else None
+    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx).with_draft(beside).total
     if meta is None:
         return ModelRow(ref, "?", "unreadable", "?", need)
     return ModelRow(
