@@ -580,6 +580,7 @@ class ChatApp(App[None]):
             show_free=self.live_status,
             loaded=loaded,
             models_dir=self.engine.store.models_dir,
+            draft=draft,
         )
         choice = await self.push_screen_wait(picker)
         if choice is not None and choice.name != current:

@@ -213,15 +213,28 @@ def test_a_draft_model_that_does_not_fit_is_refused(
     models = settings.models_dir
     f16 = q.quantize(q.plan_quantize(starter_ref, "f16", models_dir=models), models)
     # the starter (about 253 MiB with its KV cache) fits in 300 MiB; its F16 copy does not
-    tight = replace(settings, memory_budget_mb=300, speculate="draft", draft_model=f16.ref.name)
-    engine = Engine(tight, store)
+    engine = Engine(replace(settings, memory_budget_mb=300), store)
     try:
+        # named in the request: checked when it is about to load, beside the loaded target
         request = Request(
-            SamplingParams(temperature=0.0, max_tokens=4), messages=[Message("user", "Hi")]
+            SamplingParams(temperature=0.0, max_tokens=4),
+            messages=[Message("user", "Hi")],
+            speculate="draft",
+            draft_model=f16.ref.name,
         )
         with pytest.raises(ModelTooLarge) as err:
             list(engine.generate(request))
         assert "Model 'starter-f16' needs" in err.value.message
         assert engine.model_ref is not None and engine.model_ref.name == "starter"
+    finally:
+        engine.close()
+    # configured: counted in the target's own fit, so the target is refused up front
+    tight = replace(settings, memory_budget_mb=300, speculate="draft", draft_model=f16.ref.name)
+    engine = Engine(tight, store)
+    try:
+        with pytest.raises(ModelTooLarge) as err:
+            list(engine.generate(replace(request, speculate=None, draft_model=None)))
+        assert "Model 'starter' needs" in err.value.message
+        assert "+ draft starter-f16 " in err.value.message
     finally:
         engine.close()

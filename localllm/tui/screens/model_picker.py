@@ -69,9 +69,11 @@ class ModelPicker(ModalScreen[ModelRef | None]):
         show_free: bool = True,
         loaded: frozenset[str] = frozenset(),
         models_dir: Path | None = None,
+        draft: ModelRef | None = None,
     ) -> None:
         super().__init__()
         self.models_dir = models_dir  # where quantizations go; None: Q does nothing
+        self.draft = draft  # the configured draft model, counted beside each model
         self.rows, self.free_bytes, self.current = rows, free_bytes, current
         self.show_free = show_free
         self.loaded = loaded  # resident beside the current one: switching is instant
@@ -131,7 +133,7 @@ class ModelPicker(ModalScreen[ModelRef | None]):
 
         def made(ref: ModelRef | None) -> None:
             if ref is not None and all(r.ref.name != ref.name for r in self.rows):
-                row = describe(ref)
+                row = describe(ref, draft=self.draft)
                 self.rows.append(row)
                 self.add_row(table, row)
                 table.move_cursor(row=table.row_count - 1)
