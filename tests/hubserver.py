@@ -42,6 +42,7 @@ class HubServer:
     stall_after: dict[str, int] = field(default_factory=dict)  # path -> bytes, then hang
     altered: set[str] = field(default_factory=set)  # paths served with one byte changed
     ignore_range: set[str] = field(default_factory=set)  # paths always sent whole (200)
+    throttle: dict[str, int] = field(default_factory=dict)  # path -> 429s to whole GETs
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, Range
     _meta: dict[tuple[str, str], dict] = field(default_factory=dict)
     stop_stalling: threading.Event = field(default_factory=threading.Event)
@@ -137,6 +138,13 @@ class HubServer:
         file = resolve.group(3)
         if file not in repo.files:
             self._error(h, 404, "EntryNotFound", body)
+            return
+        if self.throttle.get(file, 0) > 0 and body and not h.headers.get("Range"):
+            self.throttle[file] -= 1
+            h.send_response(429)
+            h.send_header("Retry-After", "0")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
             return
         self._send_file(h, name, file, body)
 

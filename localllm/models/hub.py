@@ -327,6 +327,16 @@ def _transient_errors() -> tuple[type[BaseException], ...]:
     return (http.ConnectError, http.TimeoutException, http.RemoteProtocolError)
 
 
+def _retry_after(response: Any, tries: int) -> float:
+    """Seconds to wait before asking again: the server's Retry-After (in seconds), else
+    1, 2, 4, ... s; never more than a minute."""
+    try:
+        wait = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        wait = float(2 ** (tries - 1))
+    return min(max(wait, 0.0), 60.0)
+
+
 def _stream(url: str, sink: _HashingFile, *, have: int, size: int | None, name: str) -> None:
     """GET url into sink from byte `have` on. Each piece is written as it comes off the
     socket (huggingface_hub's http_get gathers 10 MB pieces first: one more copy of every
@@ -357,6 +367,14 @@ def _stream(url: str, sink: _HashingFile, *, have: int, size: int | None, name: 
                     follow_redirects=True,
                     timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
                 ) as response:
+                    if response.status_code in (408, 429) and attempts > 1:
+                        attempts -= 1  # busy or rate-limited: wait as asked, then again
+                        wait = _retry_after(response, _ATTEMPTS - attempts)
+                        log.warning(
+                            "%s: HTTP %d; trying again in %.0f s", name, response.status_code, wait
+                        )
+                        time.sleep(wait)
+                        continue
                     if response.status_code >= 400:
                         response.read()  # the error's body says why (gated, missing...)
                     hf_raise_for_status(response)

@@ -126,6 +126,14 @@ def test_a_cut_transfer_resumes_to_identical_bytes(hub: HubServer, starter_ref: 
     )
 
 
+def test_a_rate_limited_download_waits_and_goes_on(hub: HubServer, starter_ref: ModelRef) -> None:
+    hub.throttle["tiny-Q8_0.gguf"] = 2  # HTTP 429 twice, then the file
+    assert main(["pull", f"{GGUF_REPO}:Q8_0"]) == 0
+    assert gets(hub, "tiny-Q8_0.gguf") == ["", "", ""]
+    pulled = models_dir() / "tiny-Q8_0" / "tiny-Q8_0.gguf"
+    assert filecmp.cmp(pulled, starter_ref.path, shallow=False)
+
+
 def test_a_server_ignoring_the_range_restarts_the_file_and_its_hash(
     hub: HubServer, starter_ref: ModelRef
 ) -> None:
