@@ -65,7 +65,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         kv_per_token, kv_type = kv_per_token * 2, "f32"  # MLX computes in f32 on a CPU
     kv_scale = 2 if kv_type == "f32" else 1
     need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)
-    need = need.with_draft(_draft_beside(settings, ref), kv_scale=kv_scale)
+    need = need.with_draft(_configured_draft(settings), target=ref, kv_scale=kv_scale)
     fim = "yes" if meta.fim_ids else "no"
     fields = [
         ("name", ref.name),
@@ -151,13 +151,11 @@ def _drafts_line(settings: Settings, ref: ModelRef) -> str:
     return f"{listed}; use one with --draft NAME"
 
 
-def _draft_beside(settings: Settings, ref: ModelRef | None) -> ModelRef | None:
-    """The configured draft model, which loads beside the model (not when it is the model)."""
+def _configured_draft(settings: Settings) -> ModelRef | None:
     from localllm.engine.speculative import configured_draft
     from localllm.models.store import ModelStore
 
-    draft = configured_draft(settings, ModelStore.from_settings(settings))
-    return None if draft is None or (ref is not None and draft.path == ref.path) else draft
+    return configured_draft(settings, ModelStore.from_settings(settings))
 
 
 def _memory_line(settings: Settings, need: fit.Estimate) -> str:
@@ -307,7 +305,7 @@ def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:
     if already is not None:
         print(f"Already in the store at {already}; run it with: localllm chat {plan.name}")
         return 0
-    need = hub.estimate_remote(plan, settings.n_ctx).with_draft(_draft_beside(settings, None))
+    need = hub.estimate_remote(plan, settings.n_ctx).with_draft(_configured_draft(settings))
     free = fit.free_memory(budget_mb=settings.memory_budget_mb)
     verdict = "fits" if fit.fits(need, free) else "does NOT fit"
     print(f"Memory: needs {need.text()}; {free.text()}: {verdict}")

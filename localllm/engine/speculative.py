@@ -329,8 +329,8 @@ class Speculation:
         label = f"{ref.name} ({kind})"
         # in auto mode a model's requests pool what drafting has shown (a chat turn drafts
         # only now and then), so it is judged over them; asked for, it is judged per request
-        pooled = self._evidence.setdefault((str(ref.path), kind), Evidence())
-        evidence = pooled if mode == "auto" else None
+        key = (str(ref.path), kind)
+        evidence = self._evidence.setdefault(key, Evidence()) if mode == "auto" else None
         # a verified position costs about half a step on a CPU, a few percent elsewhere
         alpha = 0.5 if model.info.device.startswith("cpu") else 0.1
         if kind == "lookup":

@@ -299,8 +299,9 @@ class Engine:
         on_mlx = self._backend == "mlx" or ref.format == "mlx"
         scale = 2 if on_mlx and not apple_silicon() else 1  # MLX on a CPU keeps f32 KV
         draft = configured_draft(self.settings, self.store)
-        beside = draft if draft is not None and draft.path != ref.path else None
-        return fit.estimate(ref, n_ctx, kv_scale=scale).with_draft(beside, kv_scale=scale)
+        return fit.estimate(ref, n_ctx, kv_scale=scale).with_draft(
+            draft, target=ref, kv_scale=scale
+        )
 
     def _free(self) -> fit.Free:
         from localllm.backends.llamacpp import gpu_offload

@@ -60,9 +60,12 @@ class Estimate:
         draft = self.draft.at_ctx(n_ctx) if self.draft else None
         return dataclasses.replace(self, kv=n_ctx * self.kv_per_token, n_ctx=n_ctx, draft=draft)
 
-    def with_draft(self, draft: ModelRef | None, *, kv_scale: int = 1) -> Estimate:
-        """The same load with a draft model beside it, at the same context (None: alone)."""
-        if draft is None:
+    def with_draft(
+        self, draft: ModelRef | None, *, target: ModelRef | None = None, kv_scale: int = 1
+    ) -> Estimate:
+        """The same load with a draft model beside it, at the same context (alone when there
+        is none, or when the target is the draft model itself)."""
+        if draft is None or (target is not None and draft.path == target.path):
             return self
         return dataclasses.replace(
             self, draft=estimate(draft, self.n_ctx or None, kv_scale=kv_scale)

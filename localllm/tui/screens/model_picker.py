@@ -38,8 +38,7 @@ def describe(ref: ModelRef, n_ctx: int | None = None, *, draft: ModelRef | None 
         meta: ModelMeta | None = read_meta(ref.path, ref.format)
     except LocalLLMError:
         meta = None
-    beside = draft if draft is not None and draft.path != ref.path else None
-    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx).with_draft(beside).total
+    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx).with_draft(draft, target=ref).total
     if meta is None:
         return ModelRow(ref, "?", "unreadable", "?", need)
     return ModelRow(
