@@ -120,17 +120,21 @@ class ChunkStream:
 
         A piece comes when `due_in()` (seconds until the reader wants to draw again)
         reaches 0, the first one at once; the last comes with the final chunk. Tokens
-        that arrive before a piece is due do not wake the reader.
+        that arrive before a piece is due do not wake the reader, and a piece holds all
+        that arrived before it (what waited in the queue is taken first, so the screen
+        is never an interval behind the model).
         """
         pending = ""
         while True:
-            if pending and due_in() == 0.0:
+            if pending and not self._items and due_in() == 0.0:
                 yield pending, None
                 pending = ""
             try:
                 # before a piece is due, tokens need not wake us; after it, the next one does
                 chunk = await self.next(due_in() or None)
             except StopAsyncIteration:
+                if pending:
+                    yield pending, None
                 return
             except Exception:
                 if pending:

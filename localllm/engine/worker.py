@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -497,22 +499,43 @@ class Engine:
         stream = model.stream(
             tokens, request.params, should_stop=job.cancel.is_set, drafter=drafter
         )
-        for chunk in stream:
-            if started is not None:
-                # Sent with the first chunk, not before the prefill: the reply's headers are
-                # then written while the model decodes instead of competing with the prefill.
-                job.emit(started)
-                started = None
-            if chunk.finish_reason is not None:
-                chunk = self.speculation.with_speedup(chunk, drafter)
-            if chunk.finish_reason is not None and chunk.stats is not None:
-                self.totals["prompt_tokens"] += chunk.stats.prompt_tokens
-                self.totals["generated_tokens"] += chunk.stats.generated_tokens
-                self.totals["cancelled"] += chunk.finish_reason == "cancelled"
-                self.cache.finished(chunk.stats.cached_tokens)
-            job.emit(chunk)
+        with collection_paused():  # see below: a collection would stop the decode
+            for chunk in stream:
+                if started is not None:
+                    # Sent with the first chunk, not before the prefill: the reply's headers are
+                    # then written while the model decodes instead of competing with the prefill.
+                    job.emit(started)
+                    started = None
+                if chunk.finish_reason is not None:
+                    chunk = self.speculation.with_speedup(chunk, drafter)
+                if chunk.finish_reason is not None and chunk.stats is not None:
+                    self.totals["prompt_tokens"] += chunk.stats.prompt_tokens
+                    self.totals["generated_tokens"] += chunk.stats.generated_tokens
+                    self.totals["cancelled"] += chunk.finish_reason == "cancelled"
+                    self.cache.finished(chunk.stats.cached_tokens)
+                job.emit(chunk)
         self.speculation.finished(ref, drafter)
         job.emit(END)
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """No automatic cycle collection while a model decodes.
+
+    A full collection walks every object the process has while holding the GIL: in
+    the chat app (Textual's widgets, the endpoint, the model's bindings) that was
+    30-150 ms, every few answers, and decoding stops for all of it (the sampler runs
+    in Python between tokens). Reference counting still frees almost everything; the
+    cycles that wait are collected after the answer, where a pause costs nothing.
+    """
+    if not gc.isenabled():  # someone else turned it off: leave it off
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, int]:

@@ -9,6 +9,8 @@ same engine: one copy of the weights and one KV cache for the chat and the IDE.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 import re
 from collections.abc import Iterable
@@ -21,8 +23,9 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Label, ListItem, ListView, Markdown, Static
+from textual.widgets import Footer, Markdown, OptionList, Static
 from textual.widgets.markdown import MarkdownStream
+from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from localllm.backends.base import Chunk, Message, ModelInfo, ModelRef, SamplingParams
 from localllm.config import Settings
@@ -121,6 +124,7 @@ class ChatApp(App[None]):
         self.conv: Conversation | None = None
         self.generating = False
         self._stream: ChunkStream | None = None
+        self._pacer = RedrawPacer()  # learns what a redraw costs here, across answers
         self.last_copied: str | None = None
 
     # -- layout ----------------------------------------------------------------------
@@ -128,7 +132,9 @@ class ChatApp(App[None]):
         with Horizontal(id="body"):
             with Vertical(id="sidebar"):
                 yield Static("Conversations", classes="title")
-                yield ListView(id="conversations")
+                # one widget however many conversations there are: a list of widgets per
+                # conversation made every layout pass (each redraw of an answer) cost more
+                yield OptionList(id="conversations")
             with Vertical(id="main"):
                 yield VerticalScroll(id="chat")
                 yield ChatInput(id="input", recall=self.history.prompts())
@@ -215,6 +221,9 @@ class ChatApp(App[None]):
             self.status.model = ref.name if ref else info.id
             self.status.device = device_label(info)
             self._show_context()
+            # What startup built (modules, the screen, the model's bindings) lives as long
+            # as the app: later cycle collections need not walk it again each time.
+            gc.freeze()
 
         self.call_from_thread(done)
 
@@ -223,15 +232,18 @@ class ChatApp(App[None]):
         self.notify(message, title="Could not load the model", severity="error", timeout=15)
 
     # -- conversations -------------------------------------------------------------------
+    @property
+    def sidebar(self) -> OptionList:
+        return self.query_one("#conversations", OptionList)
+
     async def refresh_sidebar(self) -> None:
-        view = self.query_one("#conversations", ListView)
-        await view.clear()
+        view = self.sidebar
         convs = self.history.conversations()
-        await view.extend(ListItem(Label(c.title), id=f"conv-{c.id}") for c in convs)
+        view.set_options(Option(c.title, id=f"conv-{c.id}") for c in convs)
         if self.conv is not None:
             ids = [c.id for c in convs]
             if self.conv.id in ids:
-                view.index = ids.index(self.conv.id)
+                view.highlighted = ids.index(self.conv.id)
 
     async def open_conversation(self, cid: int) -> None:
         conv = self.history.get(cid)
@@ -266,13 +278,12 @@ class ChatApp(App[None]):
         self.history.rename(cid, title)
         self.conv = self.history.get(cid)
         self.sub_title = title
-        for label in self.query(f"#conv-{cid} Label").results(Label):
-            label.update(title)
+        with contextlib.suppress(OptionDoesNotExist):  # not listed (yet): nothing to rename
+            self.sidebar.replace_option_prompt(f"conv-{cid}", title)
 
-    @on(ListView.Selected, "#conversations")
-    async def _switch(self, event: ListView.Selected) -> None:
-        item_id = event.item.id or ""
-        cid = int(item_id.removeprefix("conv-"))
+    @on(OptionList.OptionSelected, "#conversations")
+    async def _switch(self, event: OptionList.OptionSelected) -> None:
+        cid = int((event.option_id or "").removeprefix("conv-"))
         if self.conv is None or cid != self.conv.id:
             if self.generating:
                 self.action_stop()
@@ -435,6 +446,8 @@ class ChatApp(App[None]):
         first keeps its layout work out of the decode: the first chunk arrives with the
         first token, and from then on every millisecond of the UI thread is the model's."""
         answer = await self._mount_answer(conv)
+        if answer.is_attached:  # let the screen paint the prompt and the answer's frame first
+            await self.chat.wait_for_refresh()
         stream = await self._start(conv)
         if stream is None or not answer.is_attached:  # no answer, or the view was rebuilt
             if answer.is_attached:
@@ -461,7 +474,8 @@ class ChatApp(App[None]):
         md: MarkdownStream | None = None
         if answer.is_attached and self.conv is not None and self.conv.id == conv.id:
             md = Markdown.get_stream(answer.body)
-        pacer = RedrawPacer()
+        pacer = self._pacer
+        pacer.start()
         parts: list[str] = []
         final: Chunk | None = None
         try:

@@ -5,6 +5,8 @@ and a paint. On a machine whose cores all decode, that time comes straight out o
 the model's, so the pacer spaces redraws to keep the UI thread within a small
 share of one core, measured with the thread's own CPU clock. Where redraws are
 cheap (a fast machine, a short conversation) they come every `min_interval`.
+One pacer serves all of an app's answers: what it learned about the cost of a
+redraw carries over, so a new answer does not pay again for finding it out.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ class RedrawPacer:
         self._last = float("-inf")
         self._cpu = time.thread_time()
         self._cost: float | None = None
+
+    def start(self) -> None:
+        """A new answer: its first piece is drawn at once, then at the learned interval."""
+        self._last = float("-inf")
+        self._cpu = time.thread_time()
 
     def wait(self) -> float:
         """Seconds until the next redraw is due (0 when it is due now)."""

@@ -135,3 +135,53 @@ def test_error_mid_stream_is_typed_and_worker_survives(engine: Engine,
     assert engine.outstanding == 0
     with pytest.raises(LocalLLMError):  # the worker thread is alive and still answering
         list(engine.generate(ask("Hi", max_tokens=1)))
+
+
+def test_no_cycle_collection_while_the_model_decodes(engine: Engine,
+                                                     monkeypatch: pytest.MonkeyPatch):
+    """A collection holds the GIL for as long as it walks the heap, stopping the decode
+    in between tokens: the worker pauses automatic collection for a request and resumes
+    it after, also when the stream fails."""
+    import gc
+
+    real_prepare = worker_mod.prepare
+    enabled: list[bool] = []
+    fail = [False]
+
+    class Watched:
+        def __init__(self, real: Any) -> None:
+            self.real = real
+            self.info = real.info
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.real, name)
+
+        def stream(self, *args: Any, **kwargs: Any) -> Iterator[Chunk]:
+            for chunk in self.real.stream(*args, **kwargs):
+                enabled.append(gc.isenabled())  # on the worker thread, between tokens
+                yield chunk
+                if fail[0]:
+                    raise RuntimeError("native failure")
+
+    class Wrap:
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def load(self, ref: ModelRef, options: object) -> Watched:
+            return Watched(self.real.load(ref, options))
+
+    def prepare(*args: Any, **kwargs: Any) -> tuple[Wrap, ModelRef]:
+        backend, ref = real_prepare(*args, **kwargs)
+        return Wrap(backend), ref
+
+    monkeypatch.setattr(worker_mod, "prepare", prepare)
+    assert gc.isenabled()
+    chunks = list(engine.generate(ask("Count to ten.", max_tokens=12)))
+    assert chunks[-1].finish_reason is not None
+    assert len(enabled) == len(chunks) and not any(enabled)
+    assert gc.isenabled()  # collected again once the answer is done
+
+    fail[0] = True
+    with pytest.raises(LocalLLMError, match="native failure"):
+        list(engine.generate(ask("Hi", max_tokens=5)))
+    assert gc.isenabled()

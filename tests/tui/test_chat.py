@@ -134,7 +134,7 @@ async def test_conversation_survives_reopening(store: ModelStore, tmp_path: Path
                     assert [m.role for m in shown] == ["user", "assistant"]
                     assert shown[0].content == "Say hello."
                     assert app.conv is not None and app.conv.title == "first"  # reopened
-                    assert len(app.query("#conversations ListItem")) == 2
+                    assert app.sidebar.option_count == 2
                     # the prompt can be recalled with Up
                     app.prompt_box.focus()
                     await pilot.press("up")
@@ -278,14 +278,15 @@ async def test_rename_settings_and_delete(make_app, history: History):
     history.create("Old title")
     app = make_app()
     async with app.run_test(size=(110, 44)) as pilot:
-        await wait_for(pilot, lambda: len(app.query("#conversations ListItem")) == 2, "sidebar")
+        await wait_for(pilot, lambda: app.sidebar.option_count == 2, "sidebar")
         await pilot.press("f2")
         await wait_for(pilot, lambda: app.screen.query("#title"), "the rename dialog")
         app.screen.query_one("#title").value = "New title"  # type: ignore[attr-defined]
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.conv is not None and app.conv.title == "New title",
                        "the rename")
-        labels = [str(w.render()) for w in app.query("#conversations Label")]
+        sidebar = app.sidebar
+        labels = [str(sidebar.get_option_at_index(i).prompt) for i in range(sidebar.option_count)]
         assert "New title" in labels and "Old title" not in labels
 
         await pilot.press("f4")

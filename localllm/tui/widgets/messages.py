@@ -6,7 +6,9 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Size
 from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownBlock
 
 
 def stats_line(stats: dict[str, Any] | None) -> str:
@@ -37,7 +39,41 @@ def speculation_text(stats: dict[str, Any]) -> str:
     return text
 
 
-class ChatMessage(Vertical):
+class _OneLayoutPass:
+    """A widget whose new size needs no second layout pass.
+
+    Textual lays the screen out again whenever a widget's virtual size changes, in
+    case it now needs scroll bars. A chat turn grows with every redraw of a streaming
+    answer, so each redraw cost two layouts and two paints of the whole turn. A
+    widget that cannot scroll (no `auto` or `scroll` overflow) has nothing to redo.
+    """
+
+    def _size_updated(
+        self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
+    ) -> bool:
+        styles = self.styles  # type: ignore[attr-defined]
+        scrolls = {styles.overflow_x, styles.overflow_y} & {"auto", "scroll"}
+        return super()._size_updated(  # type: ignore[misc]
+            size, virtual_size, container_size, layout=layout and bool(scrolls)
+        )
+
+
+class AnswerMarkdown(_OneLayoutPass, Markdown):
+    """Markdown whose blocks (paragraphs, lists, headings; code blocks too unless
+    they scroll) take one layout pass when they grow."""
+
+    _quiet: dict[type[MarkdownBlock], type[MarkdownBlock]] = {}
+
+    def get_block_class(self, block_name: str) -> type[MarkdownBlock]:
+        base = super().get_block_class(block_name)
+        quiet = self._quiet.get(base)
+        if quiet is None:
+            quiet = type(base.__name__, (_OneLayoutPass, base), {})
+            self._quiet[base] = quiet
+        return quiet
+
+
+class ChatMessage(_OneLayoutPass, Vertical):
     """A user prompt or an assistant answer."""
 
     def __init__(
@@ -62,7 +98,7 @@ class ChatMessage(Vertical):
         if not self._in_context:
             label += " (dropped from context)"
         yield Static(label, classes="role")
-        yield Markdown(self.content, classes="body")
+        yield AnswerMarkdown(self.content, classes="body")
         yield Static(stats_line(self._stats), classes="stats")
 
     @property
