@@ -161,6 +161,8 @@ def main() -> None:
     print(f"| decode tokens/s streamed into the app (median) | {app_m:.1f} |")
     print(f"| decode tokens/s through `LoadedModel.stream()` (median) | {base_m:.1f} |")
     print(f"| app / stream | {app_m / base_m:.3f} |")
+    paired = statistics.median(a / b for a, b in zip(app_tps, base_tps, strict=True))
+    print(f"| app / stream, median of the per-round ratios | {paired:.3f} |")
     print(f"| app process memory (RSS) | {format_bytes(rss)} |")
     print(
         f"| ... minus the model file ({format_bytes(model_size)}) | "
