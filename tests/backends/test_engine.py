@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,22 +111,27 @@ class _Crashy:
         self._real.close()  # type: ignore[attr-defined]
 
 
-def test_error_mid_stream_is_typed_and_worker_survives(engine: Engine,
-                                                       monkeypatch: pytest.MonkeyPatch):
+def wrap_loaded_models(monkeypatch: pytest.MonkeyPatch, wrapper: Callable[[Any], Any]) -> None:
+    """Every model the engine loads from now on is handed out as `wrapper(real model)`."""
     real_prepare = worker_mod.prepare
 
     class Wrap:
         def __init__(self, real: Any) -> None:
             self.real = real
 
-        def load(self, ref: ModelRef, options: object) -> _Crashy:
-            return _Crashy(self.real.load(ref, options))
+        def load(self, ref: ModelRef, options: object) -> Any:
+            return wrapper(self.real.load(ref, options))
 
     def prepare(*args: Any, **kwargs: Any) -> tuple[Wrap, ModelRef]:
         backend, ref = real_prepare(*args, **kwargs)
         return Wrap(backend), ref
 
     monkeypatch.setattr(worker_mod, "prepare", prepare)
+
+
+def test_error_mid_stream_is_typed_and_worker_survives(engine: Engine,
+                                                       monkeypatch: pytest.MonkeyPatch):
+    wrap_loaded_models(monkeypatch, _Crashy)
     got = []
     with pytest.raises(LocalLLMError, match="internal error: native failure"):
         for c in engine.generate(ask("Hi", max_tokens=5)):
@@ -144,7 +149,6 @@ def test_no_cycle_collection_while_the_model_decodes(engine: Engine,
     it after, also when the stream fails."""
     import gc
 
-    real_prepare = worker_mod.prepare
     enabled: list[bool] = []
     fail = [False]
 
@@ -163,18 +167,7 @@ def test_no_cycle_collection_while_the_model_decodes(engine: Engine,
                 if fail[0]:
                     raise RuntimeError("native failure")
 
-    class Wrap:
-        def __init__(self, real: Any) -> None:
-            self.real = real
-
-        def load(self, ref: ModelRef, options: object) -> Watched:
-            return Watched(self.real.load(ref, options))
-
-    def prepare(*args: Any, **kwargs: Any) -> tuple[Wrap, ModelRef]:
-        backend, ref = real_prepare(*args, **kwargs)
-        return Wrap(backend), ref
-
-    monkeypatch.setattr(worker_mod, "prepare", prepare)
+    wrap_loaded_models(monkeypatch, Watched)
     assert gc.isenabled()
     chunks = list(engine.generate(ask("Count to ten.", max_tokens=12)))
     assert chunks[-1].finish_reason is not None
