@@ -446,8 +446,6 @@ class ChatApp(App[None]):
         first keeps its layout work out of the decode: the first chunk arrives with the
         first token, and from then on every millisecond of the UI thread is the model's."""
         answer = await self._mount_answer(conv)
-        if answer.is_attached:  # let the screen paint the prompt and the answer's frame first
-            await self.chat.wait_for_refresh()
         stream = await self._start(conv)
         if stream is None or not answer.is_attached:  # no answer, or the view was rebuilt
             if answer.is_attached:
