@@ -22,14 +22,13 @@ class RedrawPacer:
         self.min_interval = min_interval
         self.max_interval = max_interval
         self.interval = min_interval
-        self._last = float("-inf")
-        self._cpu = time.thread_time()
         self._cost: float | None = None
+        self.start()
 
     def start(self) -> None:
         """A new answer: its first piece is drawn at once, then at the learned interval."""
         self._last = float("-inf")
-        self._cpu = time.thread_time()
+        self._cpu = time.thread_time()  # the UI thread's CPU clock at the last redraw
 
     def wait(self) -> float:
         """Seconds until the next redraw is due (0 when it is due now)."""

@@ -58,8 +58,8 @@ class _OneLayoutPass:
         )
 
 
-class AnswerMarkdown(_OneLayoutPass, Markdown):
-    """Markdown whose blocks (paragraphs, lists, headings; code blocks too unless
+class TurnMarkdown(_OneLayoutPass, Markdown):
+    """A chat turn's Markdown: its blocks (paragraphs, lists, headings; code blocks too unless
     they scroll) take one layout pass when they grow."""
 
     _quiet: dict[type[MarkdownBlock], type[MarkdownBlock]] = {}
@@ -98,7 +98,7 @@ class ChatMessage(_OneLayoutPass, Vertical):
         if not self._in_context:
             label += " (dropped from context)"
         yield Static(label, classes="role")
-        yield AnswerMarkdown(self.content, classes="body")
+        yield TurnMarkdown(self.content, classes="body")
         yield Static(stats_line(self._stats), classes="stats")
 
     @property
