@@ -20,12 +20,10 @@ class Turns(App[None]):
                 yield Markdown("")
 
 
-async def layout_passes_to_grow(
-    md: Markdown, monkeypatch: pytest.MonkeyPatch, pilot: Pilot[None]
+async def layout_passes(
+    md: Markdown, text: str, monkeypatch: pytest.MonkeyPatch, pilot: Pilot[None]
 ) -> int:
-    """Layout passes while a paragraph already on screen grows by a few lines."""
-    await md.append("word " * 30)
-    await pilot.pause()
+    """Layout passes of the screen from appending `text` until all is settled."""
     passes = [0]
     real = Screen._refresh_layout
 
@@ -34,11 +32,20 @@ async def layout_passes_to_grow(
         real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Screen, "_refresh_layout", counted)
-    await md.append("word " * 60)
-    await pilot.pause()
-    await pilot.pause()
+    await md.append(text)
+    for _ in range(3):
+        await pilot.pause()
     monkeypatch.setattr(Screen, "_refresh_layout", real)
     return passes[0]
+
+
+async def layout_passes_to_grow(
+    md: Markdown, monkeypatch: pytest.MonkeyPatch, pilot: Pilot[None]
+) -> int:
+    """Layout passes while a paragraph already on screen grows by a few lines."""
+    await md.append("word " * 30)
+    await pilot.pause()
+    return await layout_passes(md, "word " * 60, monkeypatch, pilot)
 
 
 async def test_a_growing_answer_takes_one_layout_pass(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,3 +58,26 @@ async def test_a_growing_answer_takes_one_layout_pass(monkeypatch: pytest.Monkey
         assert ours.size.height > 1  # it did grow, and was laid out
         assert plain_passes == 2  # Textual lays out again after the paragraph's size changed
         assert our_passes == 1
+
+
+async def test_new_blocks_in_an_answer_take_one_layout_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first words of an answer mount its first paragraph; a blank line and more words
+    finish that paragraph and mount the next. Textual's Markdown lays the screen out again
+    for late requests from the mount (twice each, here); a chat turn once."""
+    app = Turns()
+    async with app.run_test(size=(60, 40)) as pilot:
+        ours = app.query_one(ChatMessage).body
+        plain = app.query_one(".plain Markdown", Markdown)
+        counts = {}
+        for name, md in (("plain", plain), ("ours", ours)):
+            first = await layout_passes(md, "Once upon", monkeypatch, pilot)
+            await md.append(" a time " * 10)
+            await pilot.pause()
+            second = await layout_passes(md, "there.\n\nThe keeper", monkeypatch, pilot)
+            counts[name] = (first, second)
+        assert len(ours.children) == 2  # two paragraphs, both mounted and laid out
+        assert all(block.size.height >= 1 for block in ours.children)
+        assert max(counts["plain"]) >= 2
+        assert counts["ours"] == (1, 1)

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
-from textual.geometry import Size
+from textual.geometry import Region, Size
+from textual.widget import AwaitMount
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownBlock
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 
 def stats_line(stats: dict[str, Any] | None) -> str:
@@ -40,13 +44,34 @@ def speculation_text(stats: dict[str, Any]) -> str:
 
 
 class _OneLayoutPass:
-    """A widget whose new size needs no second layout pass.
+    """A widget whose growth costs the screen one layout pass, not two or three.
 
     Textual lays the screen out again whenever a widget's virtual size changes, in
     case it now needs scroll bars. A chat turn grows with every redraw of a streaming
     answer, so each redraw cost two layouts and two paints of the whole turn. A
     widget that cannot scroll (no `auto` or `scroll` overflow) has nothing to redo.
+
+    Layout requests also reach the screen late: a widget passes its request on at
+    its next idle, which can come after the screen has laid out the redraw's other
+    changes (a block made during a redraw asks at its first idle after it is mounted),
+    and each late request is one more layout of the whole screen. Here a request is
+    passed on at once, or, when made before the mount, as soon as the widget mounts,
+    so it joins the layout of the change that caused it.
     """
+
+    def refresh(
+        self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False
+    ) -> Self:
+        super().refresh(  # type: ignore[misc]
+            *regions, repaint=repaint, layout=layout, recompose=recompose
+        )
+        if layout and self._is_mounted:  # type: ignore[attr-defined]
+            self._check_refresh()  # type: ignore[attr-defined]
+        return self
+
+    def _post_mount(self) -> None:  # after the Mount event, before mounting is awaited done
+        super()._post_mount()  # type: ignore[misc]
+        self._check_refresh()  # type: ignore[attr-defined]
 
     def _size_updated(
         self, size: Size, virtual_size: Size, container_size: Size, layout: bool = True
@@ -63,6 +88,14 @@ class TurnMarkdown(_OneLayoutPass, Markdown):
     they scroll) take one layout pass when they grow."""
 
     _quiet: dict[type[MarkdownBlock], type[MarkdownBlock]] = {}
+
+    def call_next(self, callback: Any, *args: Any, **kwargs: Any) -> None:
+        # Every mount sends this widget a reminder to lay out once the blocks are
+        # mounted. Markdown already awaits each of its mounts (which lays them out),
+        # so the reminder only arrives after that layout and costs another.
+        if isinstance(callback, AwaitMount) and callback._parent is self:
+            return
+        super().call_next(callback, *args, **kwargs)
 
     def get_block_class(self, block_name: str) -> type[MarkdownBlock]:
         base = super().get_block_class(block_name)
