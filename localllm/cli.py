@@ -419,7 +419,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
             engine.load(ref, progress=progress_printer(f"Loading {ref.name}"))
         except LocalLLMError as exc:
             failed.append(exc)
-            server.should_exit = True
+            server.request_exit()
             return
         sys.stderr.write(
             f"localllm: serving {ref.name} at {settings.base_url()} (Ctrl-C to stop)\n"
@@ -427,7 +427,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         sys.stderr.flush()
 
     threading.Thread(target=load, name="localllm-load", daemon=True).start()
-    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
+    signal.signal(signal.SIGTERM, lambda *_: server.request_exit())
     try:
         server.run(sockets=[sock])
     finally:

@@ -1,0 +1,66 @@
+"""The endpoint's server loop: quiet while idle, and stopped at once when asked."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+
+from localllm.config import Settings
+from localllm.engine.worker import Engine
+from localllm.models.store import ModelStore
+from localllm.server.runner import BackgroundEndpoint
+from tests.conftest import free_port
+
+
+def start(tmp_path: Path) -> tuple[BackgroundEndpoint, Engine]:
+    settings = Settings(port=free_port(), data_dir=tmp_path / "data")
+    engine = Engine(settings, ModelStore(tmp_path / "models"))
+    endpoint = BackgroundEndpoint(settings, engine)
+    assert endpoint.error is None, endpoint.error
+    for _ in range(200):
+        try:
+            httpx.get(endpoint.url.rsplit("/v1", 1)[0] + "/health", timeout=1)
+            break
+        except httpx.TransportError:
+            time.sleep(0.05)
+    return endpoint, engine
+
+
+def test_an_idle_endpoint_wakes_about_once_a_second(tmp_path: Path) -> None:
+    endpoint, engine = start(tmp_path)
+    server = endpoint._server
+    assert server is not None
+    ticks: list[float] = []
+    real = server.on_tick
+
+    async def counted(counter: int) -> bool:
+        ticks.append(time.monotonic())
+        return await real(counter)
+
+    server.on_tick = counted  # type: ignore[method-assign]
+    begun = time.monotonic()
+    time.sleep(2.5)
+    waited = time.monotonic() - begun
+    try:
+        # uvicorn's own loop looks ten times a second (about 25 times here)
+        assert 1 <= len(ticks) <= waited + 1, (len(ticks), waited)
+        reply = httpx.get(endpoint.url + "/models", timeout=5)
+        assert reply.status_code == 200
+        assert "date" in reply.headers  # refreshed on each look, as uvicorn does
+    finally:
+        endpoint.stop()
+        engine.close()
+    assert not endpoint.running
+
+
+def test_stop_wakes_the_loop_instead_of_waiting_for_its_next_look(tmp_path: Path) -> None:
+    endpoint, engine = start(tmp_path)
+    server = endpoint._server
+    assert server is not None
+    server.idle_wake_s = 3600.0  # the next look would be an hour away
+    time.sleep(1.2)  # let the loop begin a wait with the new period
+    endpoint.stop()  # joins the thread for up to 10 s
+    engine.close()
+    assert not endpoint.running
