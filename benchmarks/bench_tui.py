@@ -3,7 +3,8 @@
 1. Time from starting `localllm` to a drawn input box, and to a loaded model.
 2. Decode tokens/s of answers streamed into the app (read from the app's own
    stored statistics) vs the same request through `LoadedModel.stream()` in this
-   process, rounds interleaved; each round uses a new prompt in a new chat.
+   process, rounds interleaved (which of the two runs first alternates); each round
+   uses a new prompt in a new chat.
 3. Resident memory of the app process minus the model file size, after answering.
 
     python -m benchmarks.bench_tui [--rounds 5] [--tokens 128]
@@ -21,11 +22,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from benchmarks.common import free_port, machine
-from localllm.backends.base import LoadOptions, Message, SamplingParams
+from localllm.backends.base import Chunk, LoadOptions, Message, SamplingParams
 from localllm.backends.llamacpp import LlamaCppBackend
 from localllm.history import ConversationSettings, History
 from localllm.models.gguf import format_bytes
@@ -113,7 +115,7 @@ def main() -> None:
             t = term_proc.cpu_times()
             return float(t.user + t.system)
 
-        for k in range(1, args.rounds + 1):
+        def through_app(k: int) -> dict[str, Any]:
             before = len(answers(db))
             tmux("send-keys", "-t", SESSION, "C-n")
             time.sleep(0.3)
@@ -125,8 +127,9 @@ def main() -> None:
             wait(lambda before=before: len(answers(db)) > before, "the answer", step=0.5)
             ui_cpu.append(ui_thread_cpu() - c_ui)
             tmux_cpu.append(term_cpu() - c_term)
-            stats = json.loads(answers(db)[-1][1] or "{}")
-            app_tps.append(stats["decode_tps"])
+            return dict(json.loads(answers(db)[-1][1] or "{}"))
+
+        def through_stream(k: int) -> Chunk:
             tokens = model.render_chat([Message("user", prompt(k))])
             final = list(
                 model.stream(
@@ -136,6 +139,18 @@ def main() -> None:
                 )
             )[-1]
             assert final.stats is not None
+            return final
+
+        for k in range(1, args.rounds + 1):
+            # the order alternates, so a machine that speeds up or slows down during a
+            # round does not favour whichever of the two runs first
+            if k % 2:
+                stats, final = through_app(k), through_stream(k)
+            else:
+                final = through_stream(k)
+                stats = through_app(k)
+            assert final.stats is not None
+            app_tps.append(stats["decode_tps"])
             base_tps.append(final.stats.decode_tps)
             if stats["generated_tokens"] != final.stats.generated_tokens:
                 print(

@@ -459,6 +459,7 @@ class ChatApp(App[None]):
         answer = ChatMessage("assistant", "")
         if self.conv is not None and self.conv.id == conv.id:  # still on screen
             await self.chat.mount(answer)
+            await answer.body.open_paragraph()
             if self.conv is not None and self.conv.id == conv.id:
                 self.chat.scroll_end(animate=False)
             elif answer.is_attached:  # the view moved to another conversation meanwhile
@@ -493,6 +494,8 @@ class ChatApp(App[None]):
                 await md.stop()
             stats = _stats_dict(final)
             text = "".join(parts)
+            if not text and answer.is_attached:  # nothing came: no empty first paragraph
+                await answer.body.remove_children()
             answer.content = text
             answer.message_id = self.history.add(conv.id, "assistant", text, stats)
             answer.set_stats(stats)

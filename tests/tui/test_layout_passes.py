@@ -81,3 +81,27 @@ async def test_new_blocks_in_an_answer_take_one_layout_pass(
         assert all(block.size.height >= 1 for block in ours.children)
         assert max(counts["plain"]) >= 2
         assert counts["ours"] == (1, 1)
+
+
+@pytest.mark.parametrize(
+    ("answer", "block"),
+    [("Once upon a time", "MarkdownParagraph"), ("```python\nprint(1)\n```\n", "MarkdownFence")],
+)
+async def test_an_answer_streams_into_its_open_paragraph(answer: str, block: str) -> None:
+    """The answer's first paragraph is mounted before it streams; an answer that starts with
+    another kind of block replaces it."""
+    app = Turns()
+    async with app.run_test(size=(60, 40)) as pilot:
+        body = app.query_one(ChatMessage).body
+        await body.open_paragraph()
+        opened = list(body.children)
+        assert [type(b).__name__ for b in opened] == ["MarkdownParagraph"]
+        await body.append(answer[:5])
+        await body.append(answer[5:])
+        await pilot.pause()
+        assert [type(b).__name__ for b in body.children] == [block]
+        assert (body.children[0] is opened[0]) == (block == "MarkdownParagraph")  # updated
+        assert body.source == answer
+        first = body.children[0]
+        shown = str(first.render()) if block == "MarkdownParagraph" else first.code  # type: ignore[attr-defined]
+        assert ("Once upon a time" if block == "MarkdownParagraph" else "print(1)") in shown

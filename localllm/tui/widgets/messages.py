@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from markdown_it.token import Token
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.geometry import Region, Size
@@ -97,6 +98,17 @@ class TurnMarkdown(_OneLayoutPass, Markdown):
             return
         super().call_next(callback, *args, **kwargs)
 
+    async def open_paragraph(self) -> None:
+        """Mount an empty first paragraph, before an answer starts to stream.
+
+        The answer's first words then update it instead of mounting it (a new widget's
+        styles and its own layout), work that would otherwise fall while the model
+        decodes. An answer that starts with another kind of block replaces it.
+        """
+        if not self.children:
+            token = Token("paragraph_open", "p", 1, map=[0, 1], block=True)
+            await self.mount(self.get_block_class("paragraph_open")(self, token))
+
     def get_block_class(self, block_name: str) -> type[MarkdownBlock]:
         base = super().get_block_class(block_name)
         quiet = self._quiet.get(base)
@@ -135,8 +147,8 @@ class ChatMessage(_OneLayoutPass, Vertical):
         yield Static(stats_line(self._stats), classes="stats")
 
     @property
-    def body(self) -> Markdown:
-        return self.query_one(".body", Markdown)
+    def body(self) -> TurnMarkdown:
+        return self.query_one(".body", TurnMarkdown)
 
     def set_stats(self, stats: dict[str, Any] | None) -> None:
         self._stats = stats
