@@ -222,7 +222,11 @@ class ChatApp(App[None]):
             self.status.device = device_label(info)
             self._show_context()
             # What startup built (modules, the screen, the model's bindings) lives as long
-            # as the app: later cycle collections need not walk it again each time.
+            # as the app: later cycle collections need not walk it again each time. Collect
+            # first, and take back what an earlier load froze, so that garbage (a replaced
+            # model's objects, an earlier screen) is never frozen for good.
+            gc.unfreeze()
+            gc.collect()
             gc.freeze()
 
         self.call_from_thread(done)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import threading
+import weakref
 from pathlib import Path
 
 import openai
@@ -425,3 +427,28 @@ async def test_speculation_figures_show_after_an_answer(make_app, history: Histo
         line = str(shown.query_one(".stats").render())
         assert f"drafts {stats['draft_accepted']}/{stats['draft_proposed']} (" in line
         assert app.status.speculation.startswith(f"drafts {stats['draft_accepted']}/")
+
+
+async def test_a_model_load_freezes_no_garbage(make_app, history: History):
+    """After a load the app freezes what lives (later collections skip it), but collects
+    first: a cycle that became garbage before the load is freed, not kept for good."""
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        assert gc.get_freeze_count() > 0
+
+        class Node:
+            other: Node
+
+        gc.disable()  # only a collection the app makes may free the cycle
+        try:
+            a, b = Node(), Node()
+            a.other, b.other = b, a
+            gone = weakref.ref(a)
+            del a, b
+            await app.load_model("starter").wait()  # loads again, freezes again
+        finally:
+            gc.enable()
+        gc.collect()
+        assert gone() is None
