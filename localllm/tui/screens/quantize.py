@@ -38,6 +38,7 @@ class QuantizeScreen(ModalScreen[ModelRef | None]):
         self.cancel = threading.Event()
         self.result: ModelRef | None = None
         self.running = False
+        self._latest = 0.0  # the job's progress, set on its thread
 
     def compose(self) -> ComposeResult:
         choices = [(t, t) for t in q.TYPES if (t in q.MLX_TYPES) == (self.source.format == "mlx")]
@@ -104,6 +105,8 @@ class QuantizeScreen(ModalScreen[ModelRef | None]):
         call = self.app.call_from_thread
         try:
             result = q.quantize(plan, self.models_dir, progress=self.progress, cancel=self.cancel)
+            self._latest = 1.0
+            call(self._show_latest)  # full before the outcome shows
             self.result = result.ref
             done = (
                 f"Made {result.ref.name} ({format_bytes(result.ref.size_bytes)}) "
@@ -133,7 +136,14 @@ class QuantizeScreen(ModalScreen[ModelRef | None]):
             self.running = False
 
     def progress(self, fraction: float) -> None:
-        self.app.call_from_thread(self.set_progress, fraction)
+        # posted, not awaited: the job's thread reads the worker's events and must never
+        # wait on the screen (a busy UI would hold up the quantization with it). Each post
+        # shows the latest fraction, so the order they are handled in does not matter.
+        self._latest = fraction
+        self.call_later(self._show_latest)
+
+    def _show_latest(self) -> None:
+        self.set_progress(self._latest)
 
     def set_progress(self, fraction: float) -> None:
         if self.is_mounted:  # the dialog may have been closed while the job ended
