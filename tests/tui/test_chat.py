@@ -247,6 +247,8 @@ async def test_model_that_fails_to_load_is_a_message_not_a_crash(tmp_path: Path,
     with app_with(tmp_path, store, model=str(broken)) as (app, _history):
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.status.state == "model not loaded", "load failure")
+            # notify() posts a message; the notification is listed once the app handles it
+            await wait_for(pilot, lambda: len(app._notifications) > 0, "the notification")
             notes = [n.message for n in app._notifications]
             assert any("Could not load model" in n for n in notes), notes
             app.prompt_box.load_text("still typing")  # the app is usable
