@@ -27,7 +27,7 @@ from typing import Any
 import psutil
 
 from benchmarks.common import free_port, machine
-from localllm.backends.base import Chunk, LoadOptions, Message, SamplingParams
+from localllm.backends.base import GenerationStats, LoadOptions, Message, SamplingParams
 from localllm.backends.llamacpp import LlamaCppBackend
 from localllm.history import ConversationSettings, History
 from localllm.models.gguf import format_bytes
@@ -129,7 +129,7 @@ def main() -> None:
             tmux_cpu.append(term_cpu() - c_term)
             return dict(json.loads(answers(db)[-1][1] or "{}"))
 
-        def through_stream(k: int) -> Chunk:
+        def through_stream(k: int) -> GenerationStats:
             tokens = model.render_chat([Message("user", prompt(k))])
             final = list(
                 model.stream(
@@ -139,23 +139,22 @@ def main() -> None:
                 )
             )[-1]
             assert final.stats is not None
-            return final
+            return final.stats
 
         for k in range(1, args.rounds + 1):
             # the order alternates, so a machine that speeds up or slows down during a
             # round does not favour whichever of the two runs first
             if k % 2:
-                stats, final = through_app(k), through_stream(k)
+                stats, base = through_app(k), through_stream(k)
             else:
-                final = through_stream(k)
+                base = through_stream(k)
                 stats = through_app(k)
-            assert final.stats is not None
             app_tps.append(stats["decode_tps"])
-            base_tps.append(final.stats.decode_tps)
-            if stats["generated_tokens"] != final.stats.generated_tokens:
+            base_tps.append(base.decode_tps)
+            if stats["generated_tokens"] != base.generated_tokens:
                 print(
                     f"round {k}: token counts differ ({stats['generated_tokens']} vs "
-                    f"{final.stats.generated_tokens})"
+                    f"{base.generated_tokens})"
                 )
         rss = psutil.Process(pid).memory_info().rss
         model_size = ref.size_bytes

@@ -4,8 +4,9 @@ Every redraw of a growing Markdown answer costs the UI thread a parse, a layout
 and a paint. On a machine whose cores all decode, that time comes straight out of
 the model's: measured on two cores that llama.cpp keeps busy, each millisecond of
 redraw delayed the next token by about a millisecond. So the pacer spaces redraws
-to keep the UI thread within `budget` of one core (1%: the model keeps about 99%
-of its speed), measured with the thread's own CPU clock. Where redraws are cheap
+to keep the UI thread within `budget` of one core (1%, which by that measure costs
+the decode about 1% once an answer is under way; the first token's redraw comes on
+top), measured with the thread's own CPU clock. Where redraws are cheap
 (a fast machine, a short conversation) they come every `min_interval`; where they
 are slow, every `max_interval` at most.
 One pacer serves all of an app's answers: what it learned about the cost of a
