@@ -7,7 +7,10 @@
    uses a new prompt in a new chat.
 3. Resident memory of the app process minus the model file size, after answering.
 
-    python -m benchmarks.bench_tui [--rounds 5] [--tokens 128]
+    python -m benchmarks.bench_tui [--rounds 5] [--tokens 128] [--speculate off]
+
+The chat's conversations speculate as the app's default (`auto`) unless --speculate says
+otherwise; how many app answers drafted is printed with the results.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--speculate", choices=["off", "lookup", "auto"], default=None)
     args = ap.parse_args()
     if shutil.which("tmux") is None:
         sys.exit("this benchmark drives the app in tmux: install tmux first")
@@ -77,7 +81,10 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="localllm-bench-"))
     db = tmp / "data" / "history.sqlite3"
     history = History(db)
-    history.create("bench", ConversationSettings(temperature=0.0, max_tokens=args.tokens))
+    history.create(
+        "bench",
+        ConversationSettings(temperature=0.0, max_tokens=args.tokens, speculate=args.speculate),
+    )
     history.close()
     env = {
         **os.environ,
@@ -101,6 +108,7 @@ def main() -> None:
         ref = ModelStore(tmp / "none").resolve("starter")
         model = LlamaCppBackend().load(ref, LoadOptions(n_threads=THREADS))
         app_tps: list[float] = []
+        drafted: list[tuple[int, int]] = []  # (proposed, accepted) of app answers that drafted
         base_tps: list[float] = []
         ui_cpu: list[float] = []  # the app's UI thread, seconds per answer
         tmux_cpu: list[float] = []  # the terminal (tmux server), seconds per answer
@@ -150,6 +158,8 @@ def main() -> None:
                 base = through_stream(k)
                 stats = through_app(k)
             app_tps.append(stats["decode_tps"])
+            if stats.get("draft_proposed"):
+                drafted.append((stats["draft_proposed"], stats.get("draft_accepted", 0)))
             base_tps.append(base.decode_tps)
             if stats["generated_tokens"] != base.generated_tokens:
                 print(
@@ -186,7 +196,12 @@ def main() -> None:
         f"| CPU per answer: app UI thread / tmux (median) | {statistics.median(ui_cpu):.3f} s /"
         f" {statistics.median(tmux_cpu):.3f} s |"
     )
-    print(f"\nper round, app: {[round(x, 1) for x in app_tps]}")
+    proposed, accepted = sum(p for p, _ in drafted), sum(a for _, a in drafted)
+    print(
+        f"\napp answers that drafted (speculate {args.speculate or 'as the app default'}): "
+        f"{len(drafted)} of {args.rounds}, {accepted}/{proposed} drafts accepted"
+    )
+    print(f"per round, app: {[round(x, 1) for x in app_tps]}")
     print(f"per round, stream: {[round(x, 1) for x in base_tps]}")
 
 

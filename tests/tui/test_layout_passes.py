@@ -105,3 +105,31 @@ async def test_an_answer_streams_into_its_open_paragraph(answer: str, block: str
         first = body.children[0]
         shown = str(first.render()) if block == "MarkdownParagraph" else first.code  # type: ignore[attr-defined]
         assert ("Once upon a time" if block == "MarkdownParagraph" else "print(1)") in shown
+
+
+async def test_a_redraw_that_keeps_the_height_takes_no_layout_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The first words of an answer fill its open (one line) paragraph, and more words on
+    the same line keep its height: the paragraph is repainted, the screen is not laid out
+    again (Textual's Markdown lays it out for each). Growing by a line still lays it out."""
+    app = Turns()
+    async with app.run_test(size=(60, 40)) as pilot:
+        ours = app.query_one(ChatMessage).body
+        plain = app.query_one(".plain Markdown", Markdown)
+        await ours.open_paragraph()
+        await plain.append("Once")
+        await pilot.pause()
+        first = await layout_passes(ours, "Once", monkeypatch, pilot)
+        same = {
+            name: await layout_passes(md, " upon a time", monkeypatch, pilot)
+            for name, md in (("plain", plain), ("ours", ours))
+        }
+        paragraph = ours.children[0]
+        assert str(paragraph.render()) == "Once upon a time"  # the new text is on screen
+        assert paragraph.size.height == 1
+        grown = await layout_passes(ours, " there lived a keeper" * 4, monkeypatch, pilot)
+        assert paragraph.size.height == 2  # one line more, laid out
+        assert "keeper there lived" in str(paragraph.render())
+        assert (first, same["ours"], grown) == (0, 0, 1)
+        assert same["plain"] == 1

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from markdown_it.token import Token
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.content import Content
 from textual.geometry import Region, Size
 from textual.widget import AwaitMount
 from textual.widgets import Markdown, Static
@@ -84,6 +85,32 @@ class _OneLayoutPass:
         )
 
 
+class _RepaintInPlace:
+    """A paragraph whose new text takes as many lines as its old text is only repainted.
+
+    Textual lays the whole screen out for every update of a paragraph. While an answer
+    streams, a redraw often only lengthens the last line (most of them, where redraws
+    come every 0.1 s), and the first words of an answer go into the open paragraph,
+    which is one line tall while empty: the paragraph keeps its height, nothing on the
+    screen moves, and painting the paragraph again is all that is needed.
+    """
+
+    def set_content(self, content: Content) -> None:
+        self._content = content
+        self.update(content, layout=False)  # type: ignore[attr-defined]
+        if not self._keeps_height():
+            self.refresh(layout=True)  # type: ignore[attr-defined]
+
+    def _keeps_height(self) -> bool:
+        """Whether the new text takes exactly the lines the paragraph was laid out with."""
+        if not self.is_attached or not self._is_mounted:  # type: ignore[attr-defined]
+            return False
+        width, height = self.content_size  # type: ignore[attr-defined]
+        if width <= 0 or height <= 0:
+            return False
+        return bool(self._render().get_height(self.styles, width) == height)  # type: ignore[attr-defined]
+
+
 class TurnMarkdown(_OneLayoutPass, Markdown):
     """A chat turn's Markdown: its blocks (paragraphs, lists, headings; code blocks too unless
     they scroll) take one layout pass when they grow."""
@@ -113,7 +140,10 @@ class TurnMarkdown(_OneLayoutPass, Markdown):
         base = super().get_block_class(block_name)
         quiet = self._quiet.get(base)
         if quiet is None:
-            quiet = type(base.__name__, (_OneLayoutPass, base), {})
+            mixins: tuple[type, ...] = (_OneLayoutPass,)
+            if block_name == "paragraph_open":
+                mixins = (_RepaintInPlace, *mixins)
+            quiet = type(base.__name__, (*mixins, base), {})
             self._quiet[base] = quiet
         return quiet
 
