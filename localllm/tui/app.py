@@ -13,6 +13,7 @@ import contextlib
 import gc
 import os
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import asdict
 from pathlib import Path
@@ -23,8 +24,7 @@ from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Markdown, OptionList, Static
-from textual.widgets.markdown import MarkdownStream
+from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from localllm.backends.base import Chunk, Message, ModelInfo, ModelRef, SamplingParams
@@ -474,9 +474,7 @@ class ChatApp(App[None]):
         self, conv: Conversation, stream: ChunkStream, answer: ChatMessage
     ) -> None:
         self._stream = stream
-        md: MarkdownStream | None = None
-        if answer.is_attached and self.conv is not None and self.conv.id == conv.id:
-            md = Markdown.get_stream(answer.body)
+        shown = answer.is_attached and self.conv is not None and self.conv.id == conv.id
         pacer = self._pacer
         pacer.start()
         parts: list[str] = []
@@ -485,17 +483,18 @@ class ChatApp(App[None]):
             async for text, last in stream.batches(pacer.wait):
                 final = last or final
                 parts.append(text)
-                if md is not None and answer.is_attached:
-                    await md.write(text)
-                pacer.drawn()
-                if (
-                    self.chat.is_vertical_scroll_end
-                    or self.chat.max_scroll_y - self.chat.scroll_y < 3
-                ):
-                    self.chat.scroll_end(animate=False)
+                if not (shown and answer.is_attached):
+                    pacer.drawn(None)  # nothing to draw: the piece was only collected
+                    continue
+                cpu = time.thread_time()
+                await answer.body.append(text)
+                chat = self.chat
+                if chat.is_vertical_scroll_end or chat.max_scroll_y - chat.scroll_y < 3:
+                    chat.scroll_end(animate=False)
+                with contextlib.suppress(asyncio.TimeoutError):  # laid out and painted
+                    await asyncio.wait_for(chat.screen.wait_for_refresh(), 1.0)
+                pacer.drawn(time.thread_time() - cpu)
         finally:
-            if md is not None:
-                await md.stop()
             stats = _stats_dict(final)
             text = "".join(parts)
             if not text and answer.is_attached:  # nothing came: no empty first paragraph

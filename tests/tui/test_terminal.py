@@ -1,0 +1,103 @@
+"""`localllm` in a real pseudo-terminal, as a person runs it: Textual's terminal driver,
+not the headless one that `run_test` uses (some waits behave differently there)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+from pathlib import Path
+
+from localllm.history import ConversationSettings, History, StoredMessage
+from tests.conftest import THREADS
+
+
+class Terminal:
+    """A child process on a pseudo-terminal of a given size; its output is read all along
+    (a terminal that is not read would stop the app when the buffer fills)."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cols: int, rows: int) -> None:
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        self.proc = subprocess.Popen(
+            cmd, stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True
+        )
+        os.close(slave)
+        self.master = master
+        self.output = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 65536)
+            except OSError:  # the child closed the terminal
+                return
+            if not data:
+                return
+            self.output += data
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def wait_for(self, what: str, cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = self.output[-2000:].decode(errors="replace")
+        raise AssertionError(f"gave up waiting for {what} (exit code {self.proc.poll()}): {tail}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        os.close(self.master)
+        self._reader.join(timeout=5)
+
+
+def test_a_question_in_a_real_terminal_gets_its_answer_and_ctrl_q_quits(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    history = History(data / "history.sqlite3")
+    conv = history.create("t", ConversationSettings(temperature=0.0, max_tokens=48))
+    history.close()
+    env = {
+        **os.environ,
+        "LOCALLLM_DATA_DIR": str(data),
+        "LOCALLLM_N_THREADS": str(THREADS),
+        "TERM": "xterm-256color",
+    }
+    term = Terminal([sys.executable, "-m", "localllm", "chat", "--no-serve"], env, 100, 30)
+    try:
+        term.wait_for("the model to load", lambda: b"llamacpp" in term.output)
+        term.type("Write a story about a dragon.")
+        time.sleep(0.2)
+        term.type("\r")
+
+        def stored() -> list[StoredMessage]:
+            h = History(data / "history.sqlite3")
+            try:
+                return [m for m in h.messages(conv.id) if m.role == "assistant"]
+            finally:
+                h.close()
+
+        term.wait_for("the answer to be stored", stored)
+        answer = stored()[0]
+        assert answer.content and answer.stats
+        assert answer.stats["generated_tokens"] == 48  # streamed to its end, not stuck
+        term.wait_for("the statistics line", lambda: b"48 tokens" in term.output)
+        term.type("\x11")  # Ctrl+Q
+        term.wait_for("the app to quit", lambda: term.proc.poll() is not None, timeout=20)
+        assert term.proc.returncode == 0
+    finally:
+        term.close()
