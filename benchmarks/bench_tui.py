@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import shutil
 import sqlite3
 import statistics
@@ -66,6 +67,14 @@ def answers(db: Path) -> list[tuple[str, str | None]]:
         return con.execute(
             "SELECT content, stats FROM messages WHERE role='assistant' ORDER BY id"
         ).fetchall()
+
+
+def bootstrap_interval(values: list[float], draws: int = 4000) -> tuple[float, float]:
+    """A 95% interval for the median of `values`: the rounds resampled with replacement
+    (seeded, so a rerun on the same numbers prints the same interval)."""
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(draws))
+    return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
 def main() -> None:
@@ -185,8 +194,12 @@ def main() -> None:
     print(f"| decode tokens/s streamed into the app (median) | {app_m:.1f} |")
     print(f"| decode tokens/s through `LoadedModel.stream()` (median) | {base_m:.1f} |")
     print(f"| app / stream | {app_m / base_m:.3f} |")
-    paired = statistics.median(a / b for a, b in zip(app_tps, base_tps, strict=True))
-    print(f"| app / stream, median of the per-round ratios | {paired:.3f} |")
+    ratios = [a / b for a, b in zip(app_tps, base_tps, strict=True)]
+    low, high = bootstrap_interval(ratios)
+    print(
+        f"| app / stream, median of the per-round ratios | {statistics.median(ratios):.3f} "
+        f"(95% bootstrap interval {low:.3f}-{high:.3f}) |"
+    )
     print(f"| app process memory (RSS) | {format_bytes(rss)} |")
     print(
         f"| ... minus the model file ({format_bytes(model_size)}) | "
