@@ -89,10 +89,10 @@ class _RepaintInPlace:
     """A paragraph whose new text takes as many lines as its old text is only repainted.
 
     Textual lays the whole screen out for every update of a paragraph. While an answer
-    streams, a redraw often only lengthens the last line (most of them, where redraws
-    come every 0.1 s), and the first words of an answer go into the open paragraph,
-    which is one line tall while empty: the paragraph keeps its height, nothing on the
-    screen moves, and painting the paragraph again is all that is needed.
+    streams, a redraw can add words without starting a line (where redraws come every
+    0.1 s, each adds a few words), and the first words of an answer go into the open
+    paragraph, which is one line tall while empty: then the paragraph keeps its height,
+    nothing on the screen moves, and painting the paragraph again is all that is needed.
     """
 
     def set_content(self, content: Content) -> None:
