@@ -12,6 +12,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from localllm.history import ConversationSettings, History, StoredMessage
@@ -47,7 +48,7 @@ class Terminal:
     def type(self, text: str) -> None:
         os.write(self.master, text.encode())
 
-    def wait_for(self, what: str, cond, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    def wait_for(self, what: str, cond: Callable[[], object], timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if cond():
