@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -402,9 +403,21 @@ async def test_model_picker_starts_a_quantization(make_app, history: History, st
         refusal = str(dialog.query_one("#plan", Static).render())
         assert "already quantized (Q4_1)" in refusal and dialog.result is None
         dialog.query_one("#type", Select).value = "f16"
+        # the refusal above changed the dialog's layout: let it settle, or the click can land
+        # where Start was before (it did, now and then: nothing started)
+        await pilot.pause()
         await pilot.click("#start")
-        await wait_for(pilot, lambda: dialog.result is not None and not dialog.running,
-                       "the quantization")
+        started = time.monotonic()
+        try:
+            await wait_for(pilot, lambda: dialog.result is not None and not dialog.running,
+                           "the quantization")
+        except AssertionError as exc:  # say where it stood: this has been slow in full runs
+            state = (
+                f"after {time.monotonic() - started:.0f} s: running={dialog.running}, "
+                f"bar={dialog.query_one('#bar', ProgressBar).progress}, "
+                f"outcome={dialog.query_one('#outcome', Static).render()!s}"
+            )
+            raise AssertionError(f"{exc} ({state})") from None
         assert "Made starter-f16 (258.3 MiB)" in str(dialog.query_one("#outcome", Static).render())
         assert quantized_from(store.models_dir / "starter-f16").startswith("f16 of starter (")
         assert dialog.query_one("#bar", ProgressBar).progress == 100
