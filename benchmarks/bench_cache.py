@@ -24,6 +24,7 @@ from pathlib import Path
 
 from benchmarks.common import machine
 from localllm.backends.base import Message, SamplingParams
+from localllm.backends.llamacpp import plain_cpu_buffers
 from localllm.config import Settings
 from localllm.engine.worker import Engine, Request
 
@@ -125,7 +126,8 @@ def part_b(root: Path) -> None:
             alone.close()
         # llama-cpp-python's Llama on the same prompt tokens (rendered by localllm)
         ref = ModelStore(Path("/nonexistent")).resolve("starter")
-        llm = llama_cpp.Llama(str(ref.path), n_ctx=4096, n_threads=THREADS, verbose=False)
+        with plain_cpu_buffers():
+            llm = llama_cpp.Llama(str(ref.path), n_ctx=4096, n_threads=THREADS, verbose=False)
         render = e._default.model.render_chat  # type: ignore[union-attr]
 
         def ask_llama(m: list[Message]) -> tuple[str, float, int, int]:

@@ -30,7 +30,7 @@ import openai
 
 from benchmarks.common import Server, machine
 from localllm.backends.base import LoadOptions, SamplingParams
-from localllm.backends.llamacpp import LlamaCppBackend
+from localllm.backends.llamacpp import LlamaCppBackend, plain_cpu_buffers
 from localllm.models.store import ModelStore
 
 THREADS = 2
@@ -79,7 +79,8 @@ def bare_loop(path: str) -> Callable[[list[int], int], Result]:
     import llama_cpp as ll
 
     ll.llama_backend_init()
-    mp = ll.llama_model_default_params()
+    with plain_cpu_buffers():  # as the backend loads on a CPU with AMX
+        mp = ll.llama_model_default_params()
     model = ll.llama_model_load_from_file(path.encode(), mp)
     cp = ll.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = 4096, 512, 512
@@ -111,9 +112,10 @@ def bare_loop(path: str) -> Callable[[list[int], int], Result]:
 def llama_class(path: str) -> Callable[[list[int], int], Result]:
     import llama_cpp
 
-    llm = llama_cpp.Llama(
-        path, n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS, verbose=False
-    )
+    with plain_cpu_buffers():
+        llm = llama_cpp.Llama(
+            path, n_ctx=4096, n_threads=THREADS, n_threads_batch=THREADS, verbose=False
+        )
 
     def run(tokens: list[int], n: int) -> Result:
         t0 = time.perf_counter()

@@ -94,6 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
         backend_flag(p)
         force_flag(p)
         speculate_flags(p)
+        batch_flags(p)
+
+    def batch_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--parallel",
+            type=_positive_int,
+            help="requests decoded together per model (default: 4, fewer if memory is short)",
+        )
+        p.add_argument(
+            "--deterministic",
+            action="store_true",
+            default=None,
+            help="each request runs alone and its output does not depend on the prompt cache"
+            " (slower: see the README)",
+        )
 
     def speculate_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument(
@@ -144,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     backend_flag(chat)
     force_flag(chat)
     speculate_flags(chat)
+    batch_flags(chat)
     chat.add_argument("--port", type=_port, help=f"endpoint port (default: {DEFAULT_PORT})")
     chat.add_argument(
         "--no-serve", action="store_true", help="do not start the endpoint beside the chat"
@@ -278,6 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "force_load",
         "speculate",
         "draft_model",
+        "parallel",
+        "deterministic",
     )
     flags = {k: getattr(args, k, None) for k in keys}
     flags["log_level"] = args.log_level

@@ -11,7 +11,7 @@ from typing import Any
 
 from localllm.backends.base import ModelRef
 from localllm.cli_common import EXIT_USAGE, device_of, progress_printer
-from localllm.config import Settings
+from localllm.config import DEFAULT_PARALLEL, Settings
 from localllm.errors import LocalLLMError
 from localllm.models import fit
 
@@ -45,8 +45,8 @@ def _origin(ref: ModelRef) -> str:
 
 
 def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
-    from localllm.backends import plan
     from localllm.backends.base import default_n_ctx
+    from localllm.engine.placement import plan
     from localllm.models.convert import find_import
     from localllm.models.gguf import format_bytes, format_params, read_meta
     from localllm.models.store import ModelStore
@@ -64,7 +64,8 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     if device == "cpu" and backend_line.startswith("mlx"):
         kv_per_token, kv_type = kv_per_token * 2, "f32"  # MLX computes in f32 on a CPU
     kv_scale = 2 if kv_type == "f32" else 1
-    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)
+    n_seq = settings.parallel or DEFAULT_PARALLEL
+    need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale).with_seq(n_seq)
     need = need.with_draft(_configured_draft(settings), target=ref, kv_scale=kv_scale)
     fim = "yes" if meta.fim_ids else "no"
     fields = [
@@ -85,6 +86,11 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
             "KV cache",
             f"{format_bytes(kv_per_token)} per token ({kv_type}), "
             f"{format_bytes(kv_per_token * n_ctx)} at {n_ctx} tokens",
+        ),
+        (
+            "parallel",
+            f"{n_seq} sequences of {n_ctx} tokens decoded together: "
+            f"KV {format_bytes(kv_per_token * n_ctx * n_seq)}",
         ),
         ("prompt cache", _cache_capacity(settings, kv_per_token)),
         ("memory", _memory_line(settings, need)),
@@ -244,6 +250,7 @@ def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
     cache = health.get("prompt_cache") or {}
     totals = health.get("totals") or {}
     _print_loaded(health.get("models") or [])
+    _print_activity(health.get("activity") or {})
     rows = [
         ("default model", f"{health.get('model') or '-'} ({health.get('status', '?')})"),
         ("requests", f"{totals.get('requests', 0)} ({health.get('queued', 0)} queued now)"),
@@ -337,6 +344,29 @@ def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
 
 
+def _print_activity(activity: dict[str, Any]) -> None:
+    """The requests running now, with each one's prefill progress."""
+    running = activity.get("requests") or []
+    if not running:
+        return
+    rows = [("MODEL", "SEQ", "STATE", "PROMPT", "CACHED", "GENERATED", "PRIORITY")]
+    for r in running:
+        prompt = f"{r.get('prefilled', 0)}/{r.get('prompt_tokens', 0)}"
+        rows.append(
+            (
+                str(r.get("model")),
+                str(r.get("seq")),
+                str(r.get("state")) + (" (deterministic)" if r.get("deterministic") else ""),
+                prompt,
+                str(r.get("cached", 0)),
+                str(r.get("generated", 0)),
+                str(r.get("priority")),
+            )
+        )
+    _print_table(rows)
+    print(f"{activity.get('queued', 0)} waiting\n")
+
+
 def _print_loaded(models: list[dict[str, Any]]) -> None:
     """The loaded models as a table, like `docker ps`."""
     from localllm.models.gguf import format_bytes
@@ -344,7 +374,7 @@ def _print_loaded(models: list[dict[str, Any]]) -> None:
     if not models:
         print("No model is loaded.\n")
         return
-    rows = [("NAME", "BACKEND", "CONTEXT", "MEMORY", "IDLE", "UNLOADS IN")]
+    rows = [("NAME", "BACKEND", "CONTEXT", "PARALLEL", "MEMORY", "KV", "IDLE", "UNLOADS IN")]
     for m in models:
         until = "never (default)" if m.get("default") else "never"
         if m.get("expires_in_s") is not None:
@@ -354,7 +384,9 @@ def _print_loaded(models: list[dict[str, Any]]) -> None:
                 str(m.get("model")),
                 f"{m.get('backend')} {m.get('device')}",
                 str(m.get("n_ctx")),
+                f"{m.get('active', 0)}/{m.get('parallel', 1)} active",
                 format_bytes(int(m.get("memory_bytes") or 0)),
+                format_bytes(int(m.get("kv_bytes") or 0)),
                 f"{m.get('idle_s') or 0:.0f} s",
                 until,
             )

@@ -49,6 +49,7 @@ def _ollama_dir() -> Path:
     return Path(explicit).expanduser() if explicit else Path.home() / ".ollama" / "models"
 
 
+DEFAULT_PARALLEL = 4  # sequences per model when the `parallel` setting is not given
 SPECULATE_MODES = ("off", "lookup", "draft", "auto")  # speculative decoding
 
 
@@ -64,6 +65,8 @@ class Settings:
     n_threads: int | None = None  # None: physical cores
     n_gpu_layers: int = -1  # -1: every layer when the build can offload
     max_queue: int = 16  # requests waiting or running before 503
+    parallel: int | None = None  # sequences decoded together per model; None: 4 if they fit
+    deterministic: bool = False  # requests run alone, output independent of the cache
     max_body_bytes: int = 8 * 1024 * 1024
     stream_interval_ms: int = 20  # streamed text is framed at most this often (first at once)
     prompt_cache_ram_mb: int | None = None  # None: a quarter of available memory, <= 8 GiB
@@ -202,6 +205,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"max_loaded_models must be at least 1, got {s.max_loaded_models}")
     if s.memory_budget_mb is not None and s.memory_budget_mb < 1:
         raise ConfigError(f"memory_budget_mb must be at least 1, got {s.memory_budget_mb}")
+    if s.parallel is not None and not 1 <= s.parallel <= 64:
+        raise ConfigError(f"parallel must be 1 to 64, got {s.parallel}")
     if s.max_queue < 1:
         raise ConfigError(f"max_queue must be at least 1, got {s.max_queue}")
     if not 0 <= s.stream_interval_ms <= 1000:

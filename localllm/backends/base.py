@@ -112,19 +112,39 @@ class LoadOptions:
     n_threads: int | None = None  # None: physical cores
     n_gpu_layers: int = -1  # -1: all layers when the build can offload
     progress: Callable[[float], None] | None = None  # 0.0 .. 1.0 while loading
+    n_seq: int = 1  # sequences decoded together, each with a KV share of n_ctx tokens
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class KVSnapshot:
     """The KV cache of a token prefix, saved from a loaded model.
 
-    `tokens` is always a whole number of common.ALIGN blocks, each evaluated the way a
-    cold run evaluates it, so restoring it gives exactly a cold run's output.
+    `tokens` is everything the sequence had seen (its answers included); its first
+    `canonical` tokens are whole common.ALIGN blocks, each evaluated the way a cold run
+    evaluates it, so restoring just those gives exactly a cold run's output.
     """
 
     tokens: tuple[int, ...]
     nbytes: int
     payload: Any  # backend-specific: bytes (llama.cpp), arrays (MLX)
+    canonical: int | None = None  # None: all of `tokens`
+
+    @property
+    def exact_tokens(self) -> tuple[int, ...]:
+        """The leading tokens a deterministic request may reuse."""
+        return self.tokens if self.canonical is None else self.tokens[: self.canonical]
+
+
+@dataclass(frozen=True, slots=True)
+class SeqWork:
+    """One sequence's part of a batched step: tokens to evaluate after those its KV holds,
+    and for how many of the last of them logits are wanted (1: the next token; 1 + k:
+    verifying k drafted tokens; 0: a prompt chunk that is not the last)."""
+
+    seq: int
+    tokens: Sequence[int]
+    logits: int = 1
+    exact: bool = False  # aligned prompt blocks that extend the exact prefix (deterministic)
 
 
 class Drafter(Protocol):
@@ -167,16 +187,18 @@ class LoadedModel(Protocol):
         ...
 
     # -- KV cache states (the engine's prompt cache) ------------------------------------
-    def kv_prefix(self) -> list[int]:
-        """The tokens at the start of the live KV cache that a later prompt may reuse."""
+    def kv_prefix(self, seq: int = 0) -> list[int]:
+        """The tokens at the start of a sequence's KV cache that a later prompt may reuse
+        exactly (see common.ALIGN)."""
         ...
 
-    def save_kv(self) -> KVSnapshot:
-        """Snapshot the reusable prefix of the live KV cache (dropping the rest)."""
+    def save_kv(self, seq: int = 0, *, exact: bool = True) -> KVSnapshot:
+        """Snapshot a sequence's KV cache: its exact prefix (dropping the rest), or all of it."""
         ...
 
-    def load_kv(self, snapshot: KVSnapshot) -> bool:
-        """Make a snapshot the live KV cache; False (and an empty cache) when it does not fit."""
+    def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
+        """Make a snapshot a sequence's KV cache; False (and an empty sequence) when it
+        does not fit."""
         ...
 
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
@@ -192,6 +214,43 @@ class LoadedModel(Protocol):
 
         At most n_ctx tokens; the live KV cache is dropped.
         """
+        ...
+
+    # -- batched steps (the engine's scheduler) ---------------------------------------
+    # A model holds `n_seq` sequences (ids 0..n_seq-1), each with its own KV share of
+    # info.n_ctx tokens. The scheduler evaluates the work of several sequences in one
+    # `step`, then samples each from its rows of that step's logits.
+    n_seq: int
+
+    def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
+        """The tokens sequence `seq` holds in the KV cache (exact: only its exact prefix)."""
+        ...
+
+    def seq_keep(self, seq: int, n: int) -> bool:
+        """Keep the first n KV positions of `seq`; False (and an empty sequence) if it cannot."""
+        ...
+
+    def seq_copy(self, src: int, dst: int, n: int) -> bool:
+        """Make `dst` hold the first n tokens of `src` (a shared prefix); False if it cannot."""
+        ...
+
+    def step(self, work: Sequence[SeqWork]) -> None:
+        """Evaluate every sequence's tokens in one batch (LocalLLMError when it fails: the
+        sequences in it are then empty)."""
+        ...
+
+    def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
+        """A sampler chain for one sequence (its own temperature, seed, penalties)."""
+        ...
+
+    def sample(self, sampler: Any, seq: int, row: int) -> int:
+        """Sample from the row-th logits `seq` asked for in the last step (and accept it)."""
+        ...
+
+    def free_sampler(self, sampler: Any) -> None: ...
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one generated token (control tokens render as nothing)."""
         ...
 
     def close(self) -> None: ...

@@ -26,6 +26,7 @@ from localllm.errors import ContextOverflow, InvalidRequest
 # never depends on where a reused prefix ended, so a cache hit gives bit for bit the
 # output of a cold run (batched and one-token evaluation round differently).
 ALIGN = 64
+BATCH = 512  # the most tokens one batched step evaluates (llama.cpp's n_batch)
 
 
 def check_request(n_prompt: int, n_ctx: int, params: SamplingParams) -> None:
@@ -38,6 +39,14 @@ def check_request(n_prompt: int, n_ctx: int, params: SamplingParams) -> None:
         raise InvalidRequest(
             f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens"
         )
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of two token lists."""
+    n, limit = 0, min(len(a), len(b))
+    while n < limit and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def reusable_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
@@ -91,10 +100,22 @@ class KVLedger:
         del self.tokens[n:]
         self.canonical = min(self.canonical, n)
 
-    def restored(self, tokens: Sequence[int]) -> None:
-        """A saved state, all of it canonical, replaced the cache."""
+    def restored(self, tokens: Sequence[int], *, canonical: int | None = None) -> None:
+        """A saved state replaced the cache (its first `canonical` tokens exact; None: all)."""
         self.tokens[:] = tokens
-        self.canonical = len(self.tokens)
+        self.canonical = len(self.tokens) if canonical is None else canonical
+
+    def append(self, part: Sequence[int], *, exact: bool) -> None:
+        """A batched step evaluated `part` after the cache; with `exact`, a whole aligned
+        block that a cold run evaluates the same way extends the canonical prefix."""
+        if exact and len(part) == ALIGN and self.canonical == len(self.tokens):
+            self.canonical = extends_canonical(self.canonical, len(self.tokens), 0, ALIGN)
+        self.tokens.extend(part)
+
+    def copied(self, other: KVLedger, n: int) -> None:
+        """The cache now holds the first n tokens of another sequence's."""
+        self.tokens[:] = other.tokens[:n]
+        self.canonical = min(other.canonical, n)
 
 
 def check_scoring(n_tokens: int, start: int, n_ctx: int) -> None:

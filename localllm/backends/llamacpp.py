@@ -1,13 +1,18 @@
 """The llama.cpp backend, over llama-cpp-python's low-level API.
 
-One context per loaded model, one sequence. Decoding goes through `llama_decode`
-and a native sampler chain, so Python does only a few native calls per token.
-The tokens already in the KV cache are remembered: a prompt that extends them
-(the next turn of a chat) is prefilled only past the shared prefix.
+One context per loaded model with `n_seq` sequences, each in its own KV stream of
+n_ctx tokens (not llama.cpp's unified buffer: a sequence's numerics then never depend
+on what the others hold, which deterministic requests need). The engine's scheduler
+decodes all of them in one `llama_decode` per step (`step`), each sampled by its own
+native sampler chain; `stream()` drives sequence 0 alone. The tokens in each
+sequence's KV are remembered, so a prompt that extends them (the next turn of a
+chat) is prefilled only past the shared prefix, and a prefix another sequence holds
+is copied (`seq_copy`) instead of computed again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import importlib.util
@@ -30,9 +35,11 @@ from localllm.backends.base import (
     ModelInfo,
     ModelRef,
     SamplingParams,
+    SeqWork,
     default_n_ctx,
 )
 from localllm.backends.common import (
+    BATCH,
     DraftCounts,
     KVLedger,
     batch_bounds,
@@ -98,6 +105,46 @@ class LlamaCppBackend:
         return LlamaCppModel(ref, options)
 
 
+def _has_amx() -> bool:
+    """Whether this CPU has Intel AMX, which a native llama.cpp build then uses."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            return any(line.startswith("flags") and " amx_int8" in line for line in fh)
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def plain_cpu_buffers() -> Iterator[None]:
+    """While open, llama-cpp-python's own `Llama` class loads weights as this backend does
+    on a CPU with AMX (see `_has_amx`): benchmarks and tests compare against that class."""
+    import llama_cpp.llama_cpp as native
+
+    if not _has_amx():
+        yield
+        return
+    default = native.llama_model_default_params
+
+    def params() -> Any:
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    native.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        native.llama_model_default_params = default
+
+
+def kv_cells(n_ctx: int, n_seq: int) -> int:
+    """The KV cells a context of n_seq sequences of n_ctx tokens each allocates (llama.cpp
+    rounds each sequence's share up to a multiple of 256 when there are several)."""
+    if n_seq <= 1:
+        return n_ctx
+    return -(-n_ctx // 256) * 256 * n_seq
+
+
 def gpu_offload() -> bool:
     """Whether this llama.cpp build can put layers on a GPU."""
     try:
@@ -115,6 +162,11 @@ class LlamaCppModel:
         offload = ll.llama_supports_gpu_offload()
         n_gpu = 0 if not offload else (999 if options.n_gpu_layers < 0 else options.n_gpu_layers)
         mparams.n_gpu_layers = n_gpu
+        if _has_amx():
+            # ggml's AMX matrix kernels crash (SIGSEGV in ggml_backend_amx_mul_mat) on the
+            # first batch of more than one token for the starter's Q4_1 weights on such CPUs:
+            # keep the weights in plain CPU buffers there.
+            mparams.use_extra_bufts = False
         self._progress_cb = None
         if options.progress is not None:
             report = options.progress
@@ -135,24 +187,31 @@ class LlamaCppModel:
         n_ctx_train = int(ll.llama_model_n_ctx_train(model)) or DEFAULT_MAX_CTX
         n_ctx = options.n_ctx or default_n_ctx(n_ctx_train)
         threads = options.n_threads or physical_cores()
+        self.n_seq = n_seq = max(1, options.n_seq)
+        total = kv_cells(n_ctx, n_seq)
         cparams = ll.llama_context_default_params()
-        cparams.n_ctx = n_ctx
-        cparams.n_batch = min(n_ctx, 512)
-        cparams.n_ubatch = min(n_ctx, 512)
-        cparams.n_seq_max = 1
+        cparams.n_ctx = total
+        cparams.n_batch = min(total, BATCH)
+        cparams.n_ubatch = min(total, BATCH)
+        cparams.n_seq_max = n_seq
+        cparams.kv_unified = False
+        cparams.n_outputs_max_per_seq = 0  # as many as a step asks for (drafts, scoring)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
         ctx, self.kv_released = lazy_pages.allocate_lazily(
             lambda: ll.llama_init_from_model(model, cparams),
-            self._kv_bytes(model, n_ctx) if n_gpu == 0 else 0,
+            self._kv_bytes(model, total) if n_gpu == 0 else 0,
         )
         if not ctx:
             ll.llama_model_free(model)
             raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens")
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
-        self._kv = KVLedger()
+        self._kvs = [KVLedger() for _ in range(n_seq)]
+        self._kv = self._kvs[0]  # stream() and the draft-model calls use sequence 0
+        self._batch = ll.llama_batch_init(BATCH, 0, 1)
+        self._rows: dict[int, list[int]] = {}  # seq -> its logits rows in the last step
         self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._piece_cache: dict[int, bytes] = {}
         self._piece_buf = ctypes.create_string_buffer(256)
@@ -231,7 +290,7 @@ class LlamaCppModel:
             )
         return list(buf[:n])
 
-    def _piece(self, token: int) -> bytes:
+    def piece(self, token: int) -> bytes:
         """The bytes of one generated token (control tokens render as nothing)."""
         piece = self._piece_cache.get(token)
         if piece is None:
@@ -282,47 +341,106 @@ class LlamaCppModel:
             self._kv.evaluated(part, start, lo, hi)
         return True
 
-    def _reset_kv(self) -> None:
+    def _reset_kv(self, seq: int = 0) -> None:
+        self._ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        self._kvs[seq].clear()
+
+    def _clear_all(self) -> None:
         self._ll.llama_memory_clear(self._mem, True)
-        self._kv.clear()
+        for kv in self._kvs:
+            kv.clear()
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Drop the cached tokens past the reusable prefix; return how many stay."""
         n = self._kv.reusable(prompt)
         return n if self._truncate(n) else 0
 
-    def _truncate(self, n: int) -> bool:
+    def _truncate(self, n: int, seq: int = 0) -> bool:
         """Keep the first n KV positions; False (and an empty cache) if llama.cpp cannot."""
-        if n < len(self._kv.tokens):
-            if not self._ll.llama_memory_seq_rm(self._mem, 0, n, -1):
-                self._reset_kv()
+        kv = self._kvs[seq]
+        if n < len(kv.tokens):
+            if not self._ll.llama_memory_seq_rm(self._mem, seq, n, -1):
+                self._reset_kv(seq)
                 return n == 0
-            self._kv.cut(n)
+            kv.cut(n)
         return True
 
     # -- KV states -------------------------------------------------------------------
-    def kv_prefix(self) -> list[int]:
-        return self._kv.prefix()
+    def kv_prefix(self, seq: int = 0) -> list[int]:
+        return self._kvs[seq].prefix()
 
-    def save_kv(self) -> KVSnapshot:
-        ll = self._ll
-        self._truncate(self._kv.canonical)
-        size = int(ll.llama_state_seq_get_size(self._ctx, 0))
+    def save_kv(self, seq: int = 0, *, exact: bool = True) -> KVSnapshot:
+        ll, kv = self._ll, self._kvs[seq]
+        if exact:
+            self._truncate(kv.canonical, seq)
+        size = int(ll.llama_state_seq_get_size(self._ctx, seq))
         buf = (ctypes.c_uint8 * size)()
-        n = int(ll.llama_state_seq_get_data(self._ctx, buf, size, 0))
+        n = int(ll.llama_state_seq_get_data(self._ctx, buf, size, seq))
         data = ctypes.string_at(buf, n)
-        return KVSnapshot(tuple(self._kv.tokens), len(data), data)
+        return KVSnapshot(tuple(kv.tokens), len(data), data, canonical=kv.canonical)
 
-    def load_kv(self, snapshot: KVSnapshot) -> bool:
+    def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
         ll = self._ll
-        self._reset_kv()
+        self._reset_kv(seq)
         data: bytes = snapshot.payload
         buf = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
-        if not ll.llama_state_seq_set_data(self._ctx, buf, len(data), 0):
-            self._reset_kv()
+        if not ll.llama_state_seq_set_data(self._ctx, buf, len(data), seq):
+            self._reset_kv(seq)
             return False
-        self._kv.restored(snapshot.tokens)
+        self._kvs[seq].restored(snapshot.tokens, canonical=len(snapshot.exact_tokens))
         return True
+
+    # -- batched steps -------------------------------------------------------------------
+    def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
+        kv = self._kvs[seq]
+        return kv.prefix() if exact else list(kv.tokens)
+
+    def seq_keep(self, seq: int, n: int) -> bool:
+        return self._truncate(n, seq)
+
+    def seq_copy(self, src: int, dst: int, n: int) -> bool:
+        ll, mem = self._ll, self._mem
+        self._reset_kv(dst)
+        if n <= 0 or src == dst:
+            return n <= 0
+        ll.llama_memory_seq_cp(mem, src, dst, -1, -1)  # another stream: the whole of it
+        self._kvs[dst].copied(self._kvs[src], len(self._kvs[src].tokens))
+        return self._truncate(n, dst)
+
+    def step(self, work: Sequence[SeqWork]) -> None:
+        ll, batch = self._ll, self._batch
+        i = 0
+        self._rows = {}
+        for w in work:
+            base = len(self._kvs[w.seq].tokens)
+            first_row = len(w.tokens) - w.logits
+            rows = []
+            for j, tok in enumerate(w.tokens):
+                batch.token[i], batch.pos[i] = tok, base + j
+                batch.n_seq_id[i], batch.seq_id[i][0] = 1, w.seq
+                wanted = j >= first_row
+                batch.logits[i] = wanted
+                if wanted:
+                    rows.append(i)
+                i += 1
+            self._rows[w.seq] = rows
+        batch.n_tokens = i
+        rc = ll.llama_decode(self._ctx, batch)
+        if rc != 0:
+            for w in work:
+                self._reset_kv(w.seq)
+            raise LocalLLMError(f"llama_decode failed with code {rc} in a batch of {i} tokens")
+        for w in work:
+            self._kvs[w.seq].append(w.tokens, exact=w.exact)
+
+    def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
+        return self._sampler(params, history)
+
+    def sample(self, sampler: Any, seq: int, row: int) -> int:
+        return int(self._ll.llama_sampler_sample(sampler, self._ctx, self._rows[seq][row]))
+
+    def free_sampler(self, sampler: Any) -> None:
+        self._ll.llama_sampler_free(sampler)
 
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
         return bytes(snapshot.payload)
@@ -414,7 +532,7 @@ class LlamaCppModel:
                 )
             yield from emit_chunks(
                 source if limit > 0 else iter(()),
-                piece=self._piece,
+                piece=self.piece,
                 params=params,
                 eog=self.info.eog_ids,
                 should_stop=should_stop,
@@ -539,7 +657,7 @@ class LlamaCppModel:
 
         ll = self._ll
         check_scoring(len(tokens), start, self.info.n_ctx)
-        self._reset_kv()
+        self._clear_all()
         n_batch = min(self.info.n_ctx, 512)
         n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         batch = ll.llama_batch_init(n_batch, 0, 1)
@@ -566,11 +684,14 @@ class LlamaCppModel:
                     out.extend(pick_logprobs(logits, tokens[first : lo + len(part) + 1]))
         finally:
             ll.llama_batch_free(batch)
-            self._reset_kv()
+            self._clear_all()
         return out
 
     def close(self) -> None:
         ll = self._ll
+        if getattr(self, "_batch", None) is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
         if getattr(self, "_ctx", None):
             ll.llama_free(self._ctx)
             self._ctx = None

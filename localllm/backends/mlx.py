@@ -1,8 +1,9 @@
 """The MLX backend, over mlx-lm's model code and a `tokenizers` tokenizer.
 
-One KV cache per loaded model, one sequence, kept between requests: a prompt
-that extends the cached tokens is prefilled only past the shared prefix (cut
-as `common.ALIGN` says, so hits are exact). The decode loop queues the next
+One KV cache per sequence (`n_seq` of them), kept between requests: a prompt
+that extends the cached tokens is prefilled only past the shared prefix. The
+scheduler's batched `step` runs each sequence's part in turn (mlx-lm's caches
+are per sequence; see `step`). The decode loop queues the next
 step on MLX before handing the current token out, so the device works while
 the caller does. On a CPU-only MLX build the model computes in float32 (MLX's
 float16 arithmetic on the CPU is many times slower); on Metal it stays as stored.
@@ -34,6 +35,7 @@ from localllm.backends.base import (
     ModelInfo,
     ModelRef,
     SamplingParams,
+    SeqWork,
     default_n_ctx,
 )
 from localllm.backends.common import (
@@ -148,8 +150,11 @@ class MlxModel:
         self._model: Any = model
         self._tok = tokenizer
         self._make_cache = lambda: make_prompt_cache(model)
-        self._cache: list[Any] = self._make_cache()
-        self._kv = KVLedger()
+        self.n_seq = max(1, options.n_seq)
+        self._caches: list[list[Any]] = [self._make_cache() for _ in range(self.n_seq)]
+        self._kvs = [KVLedger() for _ in range(self.n_seq)]
+        self._kv = self._kvs[0]  # stream() and the draft-model calls use sequence 0
+        self._logits: dict[int, Any] = {}  # seq -> its logits rows in the last step
         self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._tok_config = _read_json(folder / "tokenizer_config.json")
         self._pieces = self._piece_table(folder)
@@ -266,54 +271,131 @@ class MlxModel:
         )
 
     # -- generation ----------------------------------------------------------------
-    def _reset_kv(self) -> None:
-        self._cache = self._make_cache()
-        self._kv.clear()
+    @property
+    def _cache(self) -> list[Any]:
+        return self._caches[0]
+
+    def _reset_kv(self, seq: int = 0) -> None:
+        self._caches[seq] = self._make_cache()
+        self._kvs[seq].clear()
 
     def _reuse_prefix(self, prompt: Sequence[int]) -> int:
         """Drop the cached tokens past the reusable prefix; return how many stay."""
         n = self._kv.reusable(prompt)
         return n if self._truncate(n) else 0
 
-    def _truncate(self, n: int) -> bool:
+    def _truncate(self, n: int, seq: int = 0) -> bool:
         """Keep the first n KV positions; False (and an empty cache) if a layer cannot."""
-        extra = len(self._kv.tokens) - n
+        kv, cache = self._kvs[seq], self._caches[seq]
+        extra = len(kv.tokens) - n
         if extra > 0:
-            if not all(c.is_trimmable() for c in self._cache):
-                self._reset_kv()
+            if not all(c.is_trimmable() for c in cache):
+                self._reset_kv(seq)
                 return n == 0
-            for c in self._cache:
+            for c in cache:
                 c.trim(extra)
-            self._kv.cut(n)
+            kv.cut(n)
         return True
 
     # -- KV states -------------------------------------------------------------------
-    def kv_prefix(self) -> list[int]:
-        return self._kv.prefix()
+    def kv_prefix(self, seq: int = 0) -> list[int]:
+        return self._kvs[seq].prefix()
 
-    def save_kv(self) -> KVSnapshot:
-        mx = self._mx
-        if not self._truncate(self._kv.canonical) or not self._kv.tokens:
+    def save_kv(self, seq: int = 0, *, exact: bool = True) -> KVSnapshot:
+        mx, kv = self._mx, self._kvs[seq]
+        if (exact and not self._truncate(kv.canonical, seq)) or not kv.tokens:
             return KVSnapshot((), 0, [])
-        n = len(self._kv.tokens)
-        layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in self._cache]
-        mx.eval(layers)  # arrays never change once computed: later decoding cannot alter these
+        n = len(kv.tokens)
+        # slices are new arrays: later decoding into the live cache cannot alter these
+        layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in self._caches[seq]]
+        mx.eval(layers)
         nbytes = sum(k.nbytes + v.nbytes for k, v in layers)
-        return KVSnapshot(tuple(self._kv.tokens), nbytes, layers)
+        return KVSnapshot(tuple(kv.tokens), nbytes, layers, canonical=kv.canonical)
 
-    def load_kv(self, snapshot: KVSnapshot) -> bool:
-        self._reset_kv()
+    def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
+        self._reset_kv(seq)
         layers = snapshot.payload
-        if len(layers) != len(self._cache) or not snapshot.tokens:
+        cache = self._caches[seq]
+        if len(layers) != len(cache) or not snapshot.tokens:
             return False
         n = len(snapshot.tokens)
-        for c, (k, v) in zip(self._cache, layers, strict=True):
+        for c, (k, v) in zip(cache, layers, strict=True):
             if not hasattr(c, "offset") or k.shape[2] != n:
-                self._reset_kv()
+                self._reset_kv(seq)
                 return False
+            # the cache writes past n into new arrays (it grows by concatenation when full)
             c.keys, c.values, c.offset = k, v, n
-        self._kv.restored(snapshot.tokens)
+        self._kvs[seq].restored(snapshot.tokens, canonical=len(snapshot.exact_tokens))
         return True
+
+    # -- batched steps -------------------------------------------------------------------
+    def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
+        kv = self._kvs[seq]
+        return kv.prefix() if exact else list(kv.tokens)
+
+    def seq_keep(self, seq: int, n: int) -> bool:
+        return self._truncate(n, seq)
+
+    def seq_copy(self, src: int, dst: int, n: int) -> bool:
+        self._reset_kv(dst)
+        if n <= 0 or src == dst:
+            return n <= 0
+        n = min(n, len(self._kvs[src].tokens))
+        for mine, theirs in zip(self._caches[dst], self._caches[src], strict=True):
+            if not hasattr(theirs, "offset"):
+                self._reset_kv(dst)
+                return False
+            mine.keys = theirs.keys[..., :n, :]
+            mine.values = theirs.values[..., :n, :]
+            mine.offset = n
+        self._kvs[dst].copied(self._kvs[src], n)
+        return True
+
+    def step(self, work: Sequence[SeqWork]) -> None:
+        """Each sequence's part in turn, evaluated lazily and then together: mlx-lm's KV
+        caches are one per sequence of its own length, so one model call for all of them
+        would need a left-padded batch cache rebuilt each step."""
+        mx = self._mx
+        self._logits = {}
+        try:
+            for w in work:
+                out = self._model(mx.array(list(w.tokens))[None], cache=self._caches[w.seq])
+                if w.logits:
+                    self._logits[w.seq] = out[:, len(w.tokens) - w.logits :, :]
+            mx.eval([*self._logits.values(), *[c.state for w in work for c in self._caches[w.seq]]])
+        except Exception as exc:
+            for w in work:
+                self._reset_kv(w.seq)
+            raise LocalLLMError(f"MLX failed in a batched step: {exc}") from exc
+        for w in work:
+            self._kvs[w.seq].append(w.tokens, exact=w.exact)
+
+    def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
+        """A sampler whose draws do not depend on other sequences: mlx-lm samples from MLX's
+        global random key, so each draw first seeds it from this sequence's seed and its
+        draw count (requests interleave draws in a batch)."""
+        mx = self._mx
+        inner = self._sampler(params, history)
+        if params.temperature <= 0:
+            return inner
+        base = params.seed if params.seed is not None else random.getrandbits(32)
+        draws = itertools.count()
+
+        def sample(logits: Any) -> Any:
+            mx.random.seed((base + 0x9E3779B1 * next(draws)) & 0xFFFFFFFF)
+            return inner(logits)
+
+        return sample
+
+    def sample(self, sampler: Any, seq: int, row: int) -> int:
+        return int(sampler(self._logits[seq][:, row, :]).item())
+
+    def free_sampler(self, sampler: Any) -> None:
+        pass
+
+    def piece(self, token: int) -> bytes:
+        pieces = self._pieces
+        return pieces[token] if token < len(pieces) else b""
 
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
         import numpy as np
@@ -345,7 +427,7 @@ class MlxModel:
         dtype = getattr(mx, dtype_name.rstrip(b"\0").decode().removeprefix("mlx.core."), None)
         if magic != b"LLKV" or dtype is None or n != len(tokens):
             raise ValueError("not a KV state of these tokens")
-        if n_layers != len(self._cache):
+        if n_layers != len(self._caches[0]):
             raise ValueError(f"{n_layers} layers, the model has {len(self._cache)}")
         itemsize = dtype.size
         per = heads * n * dim * itemsize
@@ -553,8 +635,9 @@ class MlxModel:
         return [float(v) for v in (picked - norm).tolist()]
 
     def close(self) -> None:
-        self._cache = []
-        self._kv.clear()
+        self._caches = [[] for _ in self._caches]
+        for kv in self._kvs:
+            kv.clear()
         self._model = None
         with contextlib.suppress(AttributeError):  # older MLX has no clear_cache
             self._mx.clear_cache()

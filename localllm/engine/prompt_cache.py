@@ -1,11 +1,15 @@
 """The prompt cache: saved KV states of token prefixes, matched by longest common prefix.
 
-Each loaded model keeps one live KV cache. When a request comes for another
-conversation, the live state is parked here first, and the saved state that
-shares the longest prefix with the request is restored, so several
-conversations stay warm. States live in RAM within a byte budget (least
-recently used out first) and, unless turned off, on disk under the user cache
-directory with a size cap, so they survive a restart.
+Each loaded model keeps one live KV cache per sequence (the scheduler's slots).
+When a request comes to a slot, the prefix it can reuse is found among that
+slot's live state, the other slots' live states (copied over: a system prompt
+several clients share is computed once) and the saved states; the slot's own
+state is parked here first when it would be lost, so several conversations stay
+warm. A state holds everything its sequence saw, the model's answers included,
+unless the request is deterministic: then only exact, aligned prefixes count.
+States live in RAM within a byte budget (least recently used out first) and,
+unless turned off, on disk under the user cache directory with a size cap, so
+they survive a restart.
 
 Every state belongs to one model identity (the file, its size and change time,
 the backend, the context size and the KV element type): another model or
@@ -17,6 +21,7 @@ request runs cold.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -24,11 +29,12 @@ import os
 import tempfile
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from localllm.backends.base import KVSnapshot, LoadedModel, ModelRef
-from localllm.backends.common import reusable_prefix
+from localllm.backends.common import ALIGN, common_prefix
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +61,18 @@ def model_key(ref: ModelRef, model: LoadedModel, kv_type: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
+def reusable(cached: Sequence[int], prompt: Sequence[int], *, exact: bool) -> int:
+    """How many cached tokens a prompt can keep. The last prompt token is always evaluated
+    (its logits pick the first answer token); exact reuse is cut to whole ALIGN blocks."""
+    n = common_prefix(cached, prompt[:-1])
+    return n - n % ALIGN if exact else n
+
+
+def _exact_n(state: KVSnapshot | _DiskEntry) -> int:
+    """How many leading tokens of a saved state are exactly reusable."""
+    return len(state.tokens) if state.canonical is None else state.canonical
+
+
 def _tokens_key(tokens: tuple[int, ...]) -> str:
     return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:32]
 
@@ -65,25 +83,26 @@ class _DiskEntry:
     path: Path  # the .kv file; its .json sidecar holds tokens, size and checksum
     nbytes: int
     used: float
+    canonical: int | None = None  # see KVSnapshot
 
 
 @dataclass(slots=True)
 class _Slot:
-    """One resident model as the cache sees it: its disk folder and whether its live
-    KV state is saved as it is."""
+    """One resident model as the cache sees it: its disk folder and the sequences whose
+    live KV state is saved as it is."""
 
     model: LoadedModel
     dir: Path | None
     disk: dict[str, _DiskEntry] = field(default_factory=dict)
-    live_saved: bool = False
+    live_saved: set[int] = field(default_factory=set)
 
 
 class PromptCache:
     """Owned by the engine worker thread; not thread-safe.
 
-    Several models can be resident at once: each keeps its own live KV state, and
+    Several models can be resident at once: each keeps its own live KV states, and
     the saved states of all of them share the RAM budget (least recently used out
-    first), each tagged with its model identity.
+    first), each tagged with its model identity (`key`).
     """
 
     def __init__(self, ram_budget: int, disk_dir: Path | None, disk_budget: int) -> None:
@@ -92,113 +111,115 @@ class PromptCache:
         self.disk_budget = disk_budget
         self._ram: OrderedDict[tuple[str, str], KVSnapshot] = OrderedDict()
         self._slots: dict[str, _Slot] = {}
-        self._key: str | None = None  # the model requests go to now
         self.lookups = 0
         self.hits = 0
         self.restored = 0
+        self.shared = 0  # prefixes copied from another sequence's live state
         self.evicted = 0
 
     # -- the models -------------------------------------------------------------------
-    @property
-    def _slot(self) -> _Slot | None:
-        return self._slots.get(self._key) if self._key is not None else None
-
-    @property
-    def _model(self) -> LoadedModel | None:
-        slot = self._slot
-        return slot.model if slot is not None else None
-
-    def attach(self, model: LoadedModel | None, key: str | None) -> None:
-        """Serve `model` (identity `key`) from now on; its disk states are indexed the first
-        time. Other resident models keep their live states and their saved ones."""
-        if model is None or key is None:
-            self._key = None
-            return
+    def attach(self, model: LoadedModel, key: str) -> None:
+        """Serve `model` (identity `key`); its disk states are indexed the first time."""
         slot = self._slots.get(key)
         if slot is None or slot.model is not model:
             folder = self.disk_root / key if self.disk_root is not None else None
             slot = self._slots[key] = _Slot(model, folder)
             if folder is not None:
                 self._index_disk(slot)
-        self._key = key
 
     def release(self, key: str) -> None:
-        """A model is unloading: save its live state (to RAM and disk), then forget the model.
-        Its saved states stay: a reload of the same file and options can use them."""
-        if key not in self._slots:
+        """A model is unloading: save its live states (to RAM and disk), then forget the
+        model. Its saved states stay: a reload of the same file and options can use them."""
+        slot = self._slots.get(key)
+        if slot is None:
             return
-        current = self._key
-        self._key = key
         try:
-            self.park_live()
+            self.park_live(key)
         finally:
             del self._slots[key]
-            self._key = current if current != key else None
 
     # -- serving a request ------------------------------------------------------------
-    def prepare(self, prompt: list[int]) -> None:
-        """Before a request: make the live KV state the best one for `prompt`."""
-        slot = self._slot
-        if slot is None or self._key is None:
+    def prepare(self, key: str, prompt: Sequence[int], seq: int, *, exact: bool) -> None:
+        """Before a request runs in sequence `seq`: make its live KV state the best one for
+        `prompt`, from its own state, another sequence's, or a saved one."""
+        slot = self._slots.get(key)
+        if slot is None:
             return
-        model, mkey = slot.model, self._key
+        model = slot.model
         self.lookups += 1
-        live = model.kv_prefix()
-        live_n = reusable_prefix(live, prompt)
-        best_n, best_key, in_ram = live_n, "", False
-        for (owner, key), saved in self._ram.items():
-            if owner != mkey:
-                continue
-            n = reusable_prefix(saved.tokens, prompt)
+        live = model.seq_tokens(seq)
+        live_n = reusable(model.seq_tokens(seq, exact=exact), prompt, exact=exact)
+        best_n, source = live_n, ""
+        for other in range(model.n_seq):
+            if other != seq:
+                n = reusable(model.seq_tokens(other, exact=exact), prompt, exact=exact)
+                if n > best_n:
+                    best_n, source = n, f"seq:{other}"
+        for (owner, k), saved in self._ram.items():
+            if owner == key:
+                n = reusable(saved.exact_tokens if exact else saved.tokens, prompt, exact=exact)
+                if n > best_n:
+                    best_n, source = n, f"ram:{k}"
+        for k, entry in slot.disk.items():
+            usable = entry.tokens[: _exact_n(entry)] if exact else entry.tokens
+            n = reusable(usable, prompt, exact=exact)
             if n > best_n:
-                best_n, best_key, in_ram = n, key, True
-        for key, entry in slot.disk.items():
-            n = reusable_prefix(entry.tokens, prompt)
-            if n > best_n:
-                best_n, best_key, in_ram = n, key, False
-        if best_key:
-            snap = self._ram[(mkey, best_key)] if in_ram else self._read_disk(slot, best_key)
-            self._park(live)
-            if snap is not None and model.load_kv(snap):
-                self.restored += 1
-                slot.live_saved = True
-                if in_ram:
-                    self._ram.move_to_end((mkey, best_key))
-                else:
-                    self._put_ram((mkey, best_key), snap)
-            elif snap is not None:
-                log.warning("a saved KV state did not load; this request runs cold")
-                self._ram.pop((mkey, best_key), None)
-        elif live_n < len(live):
-            self._park(live)  # the request keeps only part of the live state: save it first
+                best_n, source = n, f"disk:{k}"
+        if live_n < len(live):
+            self._park(key, slot, seq)  # the request keeps only part of the live state
+        if not source:
+            return
+        kind, _, name = source.partition(":")
+        if kind == "seq":
+            if model.seq_copy(int(name), seq, best_n):
+                self.shared += 1
+                slot.live_saved.discard(seq)
+            return
+        snap = self._ram.get((key, name)) if kind == "ram" else self._read_disk(slot, name)
+        if snap is not None and model.load_kv(snap, seq):
+            self.restored += 1
+            slot.live_saved.add(seq)
+            if kind == "ram":
+                self._ram.move_to_end((key, name))
+            else:
+                self._put_ram((key, name), snap)
+        elif snap is not None:
+            log.warning("a saved KV state did not load; this request runs cold")
+            self._ram.pop((key, name), None)
 
-    def finished(self, cached_tokens: int) -> None:
-        """After a request: count the hit; the live state has changed."""
+    def finished(self, key: str, seq: int, cached_tokens: int) -> None:
+        """After a request: count the hit; the sequence's live state has changed."""
         self.hits += cached_tokens > 0
-        if self._slot is not None:
-            self._slot.live_saved = False
+        slot = self._slots.get(key)
+        if slot is not None:
+            slot.live_saved.discard(seq)
 
-    def park_live(self) -> None:
-        """Save the live state (at shutdown, so a restart finds it on disk)."""
-        if self._model is not None:
-            self._park(self._model.kv_prefix())
+    def park_live(self, key: str) -> None:
+        """Save every live state of a model (at unload and shutdown: a restart finds them)."""
+        slot = self._slots.get(key)
+        if slot is not None:
+            for seq in range(slot.model.n_seq):
+                self._park(key, slot, seq)
 
-    def _park(self, live: list[int]) -> None:
-        slot, mkey = self._slot, self._key
-        if slot is None or mkey is None or slot.live_saved or not live:
+    def _park(self, mkey: str, slot: _Slot, seq: int) -> None:
+        live = slot.model.seq_tokens(seq)
+        if seq in slot.live_saved or not live:
             return
         key = _tokens_key(tuple(live))
         if (mkey, key) in self._ram:
             self._ram.move_to_end((mkey, key))
-            slot.live_saved = True
+            slot.live_saved.add(seq)
             return
-        snap = slot.model.save_kv()
+        snap = slot.model.save_kv(seq, exact=False)
         if not snap.tokens:
             return
-        slot.live_saved = True
+        slot.live_saved.add(seq)
         # a saved prefix of the new state is redundant: the new one answers all it could
         for (owner, old_key), old in list(self._ram.items()):
-            if owner == mkey and snap.tokens[: len(old.tokens)] == old.tokens:
+            covered = snap.tokens[: len(old.tokens)] == old.tokens and _exact_n(old) <= _exact_n(
+                snap
+            )
+            if owner == mkey and covered:
                 del self._ram[(owner, old_key)]
         self._put_ram((mkey, key), snap)
         self._write_disk(slot, key, snap)
@@ -222,8 +243,13 @@ class PromptCache:
                 meta = json.loads(side.read_text(encoding="utf-8"))
                 tokens = tuple(int(t) for t in meta["tokens"])
                 path = side.with_suffix(".kv")
+                canonical = meta.get("canonical")
                 slot.disk[side.stem] = _DiskEntry(
-                    tokens, path, int(meta["nbytes"]), path.stat().st_mtime
+                    tokens,
+                    path,
+                    int(meta["nbytes"]),
+                    path.stat().st_mtime,
+                    None if canonical is None else int(canonical),
                 )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("dropping unreadable prompt-cache entry %s: %s", side.name, exc)
@@ -238,7 +264,9 @@ class PromptCache:
             meta = json.loads(entry.path.with_suffix(".json").read_text(encoding="utf-8"))
             if len(data) != int(meta["size"]) or hashlib.sha256(data).hexdigest() != meta["sha256"]:
                 raise ValueError(f"{len(data)} bytes that do not match their checksum")
-            snap = slot.model.undump_kv(entry.tokens, data)
+            snap = dataclasses.replace(
+                slot.model.undump_kv(entry.tokens, data), canonical=entry.canonical
+            )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("dropping corrupt prompt-cache entry %s: %s", entry.path.name, exc)
             self._delete(slot, key)
@@ -261,6 +289,7 @@ class PromptCache:
                 "nbytes": snap.nbytes,
                 "size": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
+                "canonical": snap.canonical,
                 "created": time.time(),
             }
             for suffix, blob in ((".kv", data), (".json", json.dumps(meta).encode())):
@@ -271,9 +300,15 @@ class PromptCache:
         except OSError as exc:
             log.warning("could not write a prompt-cache entry: %s", exc)
             return
-        slot.disk[key] = _DiskEntry(snap.tokens, folder / f"{key}.kv", snap.nbytes, time.time())
+        entry = _DiskEntry(
+            snap.tokens, folder / f"{key}.kv", snap.nbytes, time.time(), snap.canonical
+        )
+        slot.disk[key] = entry
         for old_key, old in list(slot.disk.items()):
-            if old_key != key and snap.tokens[: len(old.tokens)] == old.tokens:
+            superseded = snap.tokens[: len(old.tokens)] == old.tokens and _exact_n(old) <= _exact_n(
+                snap
+            )
+            if old_key != key and superseded:
                 self._delete(slot, old_key)  # superseded by the longer state
         self._trim_disk(slot)
 
@@ -331,6 +366,7 @@ class PromptCache:
             "hits": self.hits,
             "hit_rate": round(self.hits / self.lookups, 3) if self.lookups else 0.0,
             "restored": self.restored,
+            "shared": self.shared,
             "evicted": self.evicted,
         }
 

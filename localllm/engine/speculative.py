@@ -346,8 +346,8 @@ class Speculation:
     def _draft_model(
         self, ref: ModelRef, target: LoadedModel, name: str
     ) -> tuple[LoadedModel, ModelRef]:
-        from localllm.backends import plan, prepare
         from localllm.backends.base import LoadOptions
+        from localllm.engine.placement import plan, prepare
         from localllm.errors import BackendUnavailable
 
         draft_ref = self.store.resolve(name)

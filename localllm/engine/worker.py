@@ -1,11 +1,12 @@
 """One thread owns the loaded models; clients submit requests and read chunks.
 
 `Engine.submit()` returns a `ChunkStream` (an async iterator) for the event loop;
-`Engine.generate()` is the same for synchronous callers such as the CLI. Requests
-run one at a time in arrival order, up to `max_queue` outstanding; past that,
-`ServerBusy`. Closing a stream sets its cancel flag, which the backend reads
-between tokens. A request naming another local model loads it beside the default
-one (see `Engine`).
+`Engine.generate()` is the same for synchronous callers such as the CLI. Each
+loaded model runs its requests together in a `Scheduler` (engine/scheduler.py):
+up to `parallel` of them decode in one batch per step, the rest wait, up to
+`max_queue` outstanding; past that, `ServerBusy`. Closing a stream sets its cancel
+flag, which the scheduler reads every step. A request naming another local model
+loads it beside the default one (see `Engine`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from localllm.backends import Plan, apple_silicon, plan, prepare
+from localllm.backends import apple_silicon
 from localllm.backends.base import (
     Chunk,
     GenerationStats,
@@ -34,8 +34,10 @@ from localllm.backends.base import (
     ModelRef,
     SamplingParams,
 )
-from localllm.config import Settings
+from localllm.config import DEFAULT_PARALLEL, Settings
+from localllm.engine.placement import Plan, plan, prepare
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
+from localllm.engine.scheduler import Admission, Running, Scheduler
 from localllm.engine.speculative import Speculation, configured_draft
 from localllm.engine.stream import END, ChunkStream, Started
 from localllm.errors import (
@@ -44,6 +46,7 @@ from localllm.errors import (
     ImportFailed,
     LocalLLMError,
     ModelLoadError,
+    ModelTooLarge,
 )
 from localllm.models import fit
 from localllm.models.store import ModelStore
@@ -69,6 +72,8 @@ class Request:
     keep_alive: float | None = None
     speculate: str | None = None  # off | lookup | draft | auto; None: the setting's
     draft_model: str | None = None  # None: the setting's
+    priority: str | None = None  # "high": ahead of others (see scheduler.py); None: normal
+    deterministic: bool | None = None  # runs alone, exact prefixes only; None: the setting's
 
 
 @dataclass(slots=True)
@@ -81,6 +86,15 @@ class _Job:
     progress: Callable[[float], None] | None = None
     n_ctx: int | None = None  # with load_only: the context size to load with
     backend: str | None = None  # with load_only: auto | llamacpp | mlx (None: as before)
+    on_end: Callable[[], None] | None = None  # told once, when the job ends
+    arrival: int = 0  # order of arrival at its model's scheduler
+
+    def end(self, item: Any = END) -> None:
+        """The job's last item: END, or the error it failed with."""
+        self.emit(item)
+        if self.on_end is not None:
+            self.on_end()
+            self.on_end = None
 
 
 @dataclass(slots=True)
@@ -92,7 +106,9 @@ class Resident:
     loaded_with: str  # the backend preference it loaded with: auto | llamacpp | mlx
     cache_key: str  # its prompt-cache identity
     need: int  # the estimated bytes it takes
+    kv_bytes: int  # of which the KV cache of its n_seq sequences
     keep_alive: float | None  # idle seconds before it unloads; None: never
+    scheduler: Scheduler = field(init=False)
     last_used: float = field(default_factory=time.monotonic)
     requests: int = 0
 
@@ -180,6 +196,10 @@ class Engine:
                     "device": info.device,
                     "n_ctx": info.n_ctx,
                     "memory_bytes": res.need,
+                    "kv_bytes": res.kv_bytes,
+                    "parallel": res.model.n_seq,
+                    "active": len(res.scheduler.active),
+                    "waiting": len(res.scheduler.waiting),
                     "idle_s": round(now - res.last_used, 1),
                     "expires_in_s": expires,
                     "requests": res.requests,
@@ -263,7 +283,7 @@ class Engine:
         self, ref: ModelRef, progress: Callable[[float], None] | None, n_ctx: int | None
     ) -> Resident:
         n = n_ctx or self.settings.n_ctx
-        need = self._estimate(ref, n)
+        need = self._with_parallel(self._estimate(ref, n))
         self._make_room(need)
         self.state = "loading"
         options = LoadOptions(
@@ -271,6 +291,7 @@ class Engine:
             n_threads=self.settings.n_threads,
             n_gpu_layers=self.settings.n_gpu_layers,
             progress=progress,
+            n_seq=need.n_seq,
         )
         try:
             model, reason, target = self._load_with_backend(ref, options)
@@ -283,7 +304,8 @@ class Engine:
         extra = {**model.info.extra, "backend_reason": reason}
         model.info = dataclasses.replace(model.info, id=ref.name, extra=extra)
         key = model_key(target, model, _kv_type(model.info))
-        res = Resident(ref, model, self._backend, key, need.total, self._keep_alive(None))
+        res = Resident(ref, model, self._backend, key, need.total, need.kv, self._keep_alive(None))
+        res.scheduler = self._scheduler(res)
         self._resident[ref.path] = res
         self.totals["loads"] += 1
         self.state, self.last_error = "ready", None
@@ -305,6 +327,40 @@ class Engine:
             draft, target=ref, kv_scale=scale
         )
 
+    def _with_parallel(self, need: fit.Estimate) -> fit.Estimate:
+        """The estimate with its KV for `parallel` sequences. Unset, that is 4, or fewer
+        when memory says so; set, a value that does not fit is refused (unless forced),
+        naming the value that does."""
+        s = self.settings
+        want = need.with_seq(s.parallel or DEFAULT_PARALLEL)
+        room = self._room()
+        if s.force_load or fit.fits(want, room):
+            return want
+        fitting = want.max_seq(room.bytes)
+        if s.parallel is None or fitting == 0:
+            if fitting:
+                log.info("%s: %d parallel sequences fit in memory, not 4", need.name, fitting)
+            return need.with_seq(max(fitting, 1))  # none fits: _make_room says so
+        raise ModelTooLarge(
+            need.name,
+            want.text(),
+            want.total,
+            room.text(),
+            room.bytes,
+            f"--parallel {fitting} (needs {fit.format_bytes(need.with_seq(fitting).total)})",
+        )
+
+    def _room(self) -> fit.Free:
+        """The memory a load may take: what is free and what loaded models hold, within
+        memory_budget_mb."""
+        s = self.settings
+        free = self._free()
+        room = fit.Free(free.bytes + sum(r.need for r in self._resident.values()), free.where)
+        budget = s.memory_budget_mb * 1024 * 1024 if s.memory_budget_mb is not None else None
+        if budget is not None and budget < room.bytes:
+            room = fit.Free(budget, "of memory_budget_mb")
+        return room
+
     def _free(self) -> fit.Free:
         from localllm.backends.llamacpp import gpu_offload
 
@@ -318,16 +374,15 @@ class Engine:
         budget = s.memory_budget_mb * 1024 * 1024 if s.memory_budget_mb is not None else None
         free = self._free()
         held = sum(r.need for r in self._resident.values())
-        room = fit.Free(free.bytes + held, free.where)
-        if budget is not None and budget < room.bytes:
-            room = fit.Free(budget, "of memory_budget_mb")
+        room = self._room()
         if not fit.fits(need, room):
             if not s.force_load:
                 raise fit.refusal(need, room)
             log.warning(
                 "loading %s anyway (force_load): needs %s, %s", need.name, need.text(), room.text()
             )
-        order = sorted(self._resident.values(), key=lambda r: (r is self._default, r.last_used))
+        idle = [r for r in self._resident.values() if not r.scheduler.busy]
+        order = sorted(idle, key=lambda r: (r is self._default, r.last_used))
         kept = held  # what the models still loaded take
 
         def short() -> bool:
@@ -350,6 +405,7 @@ class Engine:
         if self._default is res:
             self._default = None
         self.speculation.release(res.ref)
+        res.scheduler.cancel_all(LocalLLMError(f"the model {res.ref.name} was unloaded"))
         res.model.close()
 
     def _expire(self) -> float | None:
@@ -358,7 +414,7 @@ class Engine:
         soonest: float | None = None
         for res in list(self._resident.values()):
             left = res.time_left(now)
-            if res is self._default or left is None:
+            if res is self._default or left is None or res.scheduler.busy:
                 continue
             if left <= 0:
                 log.info("%s idle for %.0f s: unloading", res.ref.name, now - res.last_used)
@@ -440,102 +496,153 @@ class Engine:
 
     # -- the worker thread ---------------------------------------------------------
     def _run(self) -> None:
-        wait: float | None = None
+        pause = CollectionPause()
         while True:
+            busy = [r for r in list(self._resident.values()) if r.scheduler.busy]
             try:
-                job = self._jobs.get(timeout=wait)
+                # with requests running, only look for new ones; idle, unload what has
+                # expired and sleep until a job comes or the next model expires
+                job = self._jobs.get_nowait() if busy else self._jobs.get(timeout=self._expire())
             except queue.Empty:
-                wait = self._expire()
-                continue
+                job = _NO_JOB
             if job is None:
                 break
-            try:
-                self._serve(job)
-            except LocalLLMError as exc:
-                job.emit(exc)
-            except Exception as exc:  # never let the worker die; the caller gets a typed error
-                log.exception("request failed")
-                job.emit(LocalLLMError(f"internal error: {exc}"))
-            finally:
-                with self._lock:
-                    self._outstanding -= 1
-            wait = self._expire()
+            if job is not _NO_JOB:
+                self._accept(job)
+                continue  # take every job that is waiting before the next step
+            pause.hold()  # while any model decodes (see CollectionPause)
+            for res in busy:
+                self._step(res)
+            if not any(r.scheduler.busy for r in self._resident.values()):
+                pause.release()  # before the last request hears it has ended
+            for res in busy:
+                res.scheduler.flush()
+        pause.release()
         for res in list(self._resident.values()):
             self._unload(res)  # saves each live state to disk: a restart picks it up again
         self.speculation.close()
 
-    def _serve(self, job: _Job) -> None:
-        request = job.request
-        if job.load_only:
-            assert job.ref is not None
-            self._ensure_loaded(job.ref, job.progress, job.n_ctx, job.backend, default=True)
-            job.emit(END)
-            return
-        default = self._default
-        ref = job.ref or (default.ref if default else self.store.resolve(self.settings.model))
-        if job.cancel.is_set():  # abandoned while it waited: end it the usual way
-            job.emit(Started(model=ref.name, prompt_tokens=0))
-            stats = GenerationStats(0, 0, 0, 0.0, 0.0)
-            job.emit(Chunk("", (), finish_reason="cancelled", stats=stats))
-            job.emit(END)
-            return
-        res = self._ensure_loaded(
-            ref, default=default is None and job.ref is None, keep_alive=request.keep_alive
-        )
-        model = res.model
-        res.requests += 1
+    def _accept(self, job: _Job) -> None:
+        """A new job: a load now, or a request handed to its model's scheduler."""
+        job.on_end = self._ended
         try:
-            self._generate(job, ref, model)
-        finally:
+            if job.load_only:
+                assert job.ref is not None
+                self._ensure_loaded(job.ref, job.progress, job.n_ctx, job.backend, default=True)
+                job.end()
+                return
+            request = job.request
+            default = self._default
+            ref = job.ref or (default.ref if default else self.store.resolve(self.settings.model))
+            if job.cancel.is_set():  # abandoned while it waited: end it the usual way
+                job.emit(Started(model=ref.name, prompt_tokens=0))
+                stats = GenerationStats(0, 0, 0, 0.0, 0.0)
+                job.emit(Chunk("", (), finish_reason="cancelled", stats=stats))
+                job.end()
+                return
+            res = self._ensure_loaded(
+                ref, default=default is None and job.ref is None, keep_alive=request.keep_alive
+            )
+            job.ref = res.ref
+            res.requests += 1
+            res.scheduler.add(job)
+        except LocalLLMError as exc:
+            job.end(exc)
+        except Exception as exc:  # never let the worker die; the caller gets a typed error
+            log.exception("request failed")
+            job.end(LocalLLMError(f"internal error: {exc}"))
+
+    def _ended(self) -> None:
+        with self._lock:
+            self._outstanding -= 1
+
+    def _step(self, res: Resident) -> None:
+        try:
+            res.scheduler.step()
+        except Exception as exc:  # a bug, not the client's: end its requests, keep serving
+            log.exception("a batched step failed")
+            res.scheduler.cancel_all(LocalLLMError(f"internal error: {exc}"))
+        res.last_used = time.monotonic()
+
+    def _scheduler(self, res: Resident) -> Scheduler:
+        """The scheduler of a newly loaded model, wired to the cache and the speculation."""
+        model, key = res.model, res.cache_key
+
+        def admit(job: _Job) -> Admission:
+            request = job.request
+            tokens, dropped, before = fit_prompt(model, request)
+            started = Started(res.ref.name, len(tokens), dropped, before)
+            exact = self._deterministic(request)
+            drafter = self.speculation.drafter(request, res.ref, model)
+            self.totals["requests"] += 1
+            return Admission(tokens, started, drafter, exact)
+
+        def prepare_seq(prompt: list[int], seq: int, exact: bool) -> None:
+            self.cache.prepare(key, prompt, seq, exact=exact)
+
+        def ended(job: _Job, run: Running, final: Chunk | None) -> None:
+            self.speculation.finished(res.ref, run.drafter)
             res.last_used = time.monotonic()
+            if final is None:
+                self.cache.finished(key, run.seq, 0)
+                return
+            final = self.speculation.with_speedup(final, run.drafter)
+            stats = final.stats
+            assert stats is not None
+            self.totals["prompt_tokens"] += stats.prompt_tokens
+            self.totals["generated_tokens"] += stats.generated_tokens
+            self.totals["cancelled"] += final.finish_reason == "cancelled"
+            self.cache.finished(key, run.seq, stats.cached_tokens)
+            if run.started is not None:
+                job.emit(run.started)
+            job.emit(final)
 
-    def _generate(self, job: _Job, ref: ModelRef, model: LoadedModel) -> None:
-        request = job.request
-        tokens, dropped, before = fit_prompt(model, request)
-        started: Started | None = Started(ref.name, len(tokens), dropped, before)
-        self.totals["requests"] += 1
-        self.cache.prepare(tokens)
-        drafter = self.speculation.drafter(request, ref, model)
-        stream = model.stream(
-            tokens, request.params, should_stop=job.cancel.is_set, drafter=drafter
-        )
-        with collection_paused():  # see below: a collection would stop the decode
-            for chunk in stream:
-                if started is not None:
-                    # Sent with the first chunk, not before the prefill: the reply's headers are
-                    # then written while the model decodes instead of competing with the prefill.
-                    job.emit(started)
-                    started = None
-                if chunk.finish_reason is not None:
-                    chunk = self.speculation.with_speedup(chunk, drafter)
-                if chunk.finish_reason is not None and chunk.stats is not None:
-                    self.totals["prompt_tokens"] += chunk.stats.prompt_tokens
-                    self.totals["generated_tokens"] += chunk.stats.generated_tokens
-                    self.totals["cancelled"] += chunk.finish_reason == "cancelled"
-                    self.cache.finished(chunk.stats.cached_tokens)
-                job.emit(chunk)
-        self.speculation.finished(ref, drafter)
-        job.emit(END)
+        return Scheduler(model, prepare=admit, prepare_seq=prepare_seq, on_end=ended)
+
+    def _deterministic(self, request: Request) -> bool:
+        if request.deterministic is None:
+            return self.settings.deterministic
+        return request.deterministic
+
+    def activity(self) -> dict[str, Any]:
+        """Running and waiting requests per loaded model, with each one's prefill progress
+        (for /health, `localllm ps` and the chat's status bar; any thread)."""
+        out: dict[str, Any] = {"active": 0, "queued": 0, "requests": []}
+        for res in list(self._resident.values()):
+            rows = res.scheduler.progress()
+            out["active"] += len(rows)
+            out["queued"] += len(res.scheduler.waiting)
+            out["requests"] += [{"model": res.ref.name, **row} for row in rows]
+        out["queued"] += self._jobs.qsize()
+        return out
 
 
-@contextmanager
-def collection_paused() -> Iterator[None]:
+_NO_JOB: Any = object()
+
+
+class CollectionPause:
     """No automatic cycle collection while a model decodes.
 
     A full collection walks every object the process has while holding the GIL: in
     the chat app (Textual's widgets, the endpoint, the model's bindings) that was
     30-150 ms, every few answers, and decoding stops for all of it (the sampler runs
     in Python between tokens). Reference counting still frees almost everything; the
-    cycles that wait are collected after the answer, where a pause costs nothing.
+    cycles that wait are collected once no request is running, where a pause costs
+    nothing. If someone else turned collection off, it stays off.
     """
-    if not gc.isenabled():  # someone else turned it off: leave it off
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
+
+    def __init__(self) -> None:
+        self._held = False
+
+    def hold(self) -> None:
+        if not self._held and gc.isenabled():
+            gc.disable()
+            self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            gc.enable()
+            self._held = False
 
 
 def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, int]:

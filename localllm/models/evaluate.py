@@ -104,7 +104,7 @@ def load_for_eval(
     n_threads: int | None = None,
 ) -> LoadedModel:
     """Load a model with a context of one window, on the backend `plan` picks."""
-    from localllm.backends import plan, prepare
+    from localllm.engine.placement import plan, prepare
 
     chosen = plan(ref, backend, models_dir)
     loader, target = prepare(ref, chosen, models_dir)

@@ -32,13 +32,15 @@ class Estimate:
     n_ctx: int
     kv_per_token: int  # 0 when the header could not be read
     draft: Estimate | None = None  # a draft model beside it (speculative decoding)
+    n_seq: int = 1  # sequences decoded together (`parallel`), each with n_ctx of KV
 
     @property
     def total(self) -> int:
         return self.weights + self.kv + self.buffers + (self.draft.total if self.draft else 0)
 
     def text(self) -> str:
-        kv = f"KV {format_bytes(self.kv)} at {self.n_ctx} tokens"
+        seqs = f"{self.n_seq} x " if self.n_seq > 1 else ""
+        kv = f"KV {format_bytes(self.kv)} at {seqs}{self.n_ctx} tokens"
         draft = f" + draft {self.draft.name} {format_bytes(self.draft.total)}" if self.draft else ""
         return (
             f"about {format_bytes(self.total)} (weights {format_bytes(self.weights)}"
@@ -50,7 +52,7 @@ class Estimate:
         A draft model runs at the target's context, so its KV grows with it."""
         d = self.draft
         room = free - self.weights - self.buffers - (d.weights + d.buffers if d else 0)
-        per_token = self.kv_per_token + (d.kv_per_token if d else 0)
+        per_token = self.kv_per_token * self.n_seq + (d.kv_per_token if d else 0)
         if self.kv_per_token <= 0 or room <= 0:
             return 0
         return min(self.n_ctx, room // per_token // 256 * 256)
@@ -58,7 +60,21 @@ class Estimate:
     def at_ctx(self, n_ctx: int) -> Estimate:
         """The same model (and draft) at another context size."""
         draft = self.draft.at_ctx(n_ctx) if self.draft else None
-        return dataclasses.replace(self, kv=n_ctx * self.kv_per_token, n_ctx=n_ctx, draft=draft)
+        kv = n_ctx * self.kv_per_token * self.n_seq
+        return dataclasses.replace(self, kv=kv, n_ctx=n_ctx, draft=draft)
+
+    def with_seq(self, n_seq: int) -> Estimate:
+        """The same load with room for n_seq sequences of n_ctx tokens each."""
+        kv = self.n_ctx * self.kv_per_token * n_seq
+        return dataclasses.replace(self, kv=kv, n_seq=n_seq)
+
+    def max_seq(self, free: int) -> int:
+        """The most sequences (at most n_seq) whose KV fits in `free` bytes beside the rest;
+        0: not even one."""
+        for n in range(self.n_seq, 0, -1):
+            if self.with_seq(n).total <= free:
+                return n
+        return 0
 
     def with_draft(
         self, draft: ModelRef | None, *, target: ModelRef | None = None, kv_scale: int = 1

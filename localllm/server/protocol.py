@@ -84,6 +84,20 @@ class SamplingFields(_Wire):
     # extension: speculative decoding for this request, and its draft model
     speculate: Literal["off", "lookup", "draft", "auto"] | None = None
     draft_model: str | None = None
+    # extension: "high" runs ahead of other requests (autocomplete, an interactive client)
+    priority: Literal["high", "normal"] | None = None
+    # extension: run alone, output independent of the prompt cache and other clients
+    deterministic: bool | None = None
+
+    def extensions(self) -> dict[str, Any]:
+        """The engine request's fields that come from localllm's extension fields."""
+        return {
+            "keep_alive": self.keep_alive,
+            "speculate": self.speculate,
+            "draft_model": self.draft_model,
+            "priority": self.priority,
+            "deterministic": self.deterministic,
+        }
 
     @field_validator("keep_alive", mode="before")
     @classmethod

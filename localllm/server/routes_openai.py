@@ -105,9 +105,7 @@ async def chat_completions(
         messages=messages,
         model=body.model,
         context_policy=policy,
-        keep_alive=body.keep_alive,
-        speculate=body.speculate,
-        draft_model=body.draft_model,
+        **body.extensions(),
     )
     return await _respond(request, body, req, wire.ChatShapes)
 
@@ -123,9 +121,7 @@ async def completions(
             body.sampling(),
             prompt_tokens=tokens,
             model=body.model,
-            keep_alive=body.keep_alive,
-            speculate=body.speculate,
-            draft_model=body.draft_model,
+            **body.extensions(),
         )
     else:
         text = prompt[0] if isinstance(prompt, list) else prompt
@@ -134,9 +130,7 @@ async def completions(
             prompt=str(text),
             suffix=body.suffix,
             model=body.model,
-            keep_alive=body.keep_alive,
-            speculate=body.speculate,
-            draft_model=body.draft_model,
+            **body.extensions(),
         )
     return await _respond(request, body, req, wire.TextShapes)
 
@@ -159,6 +153,7 @@ async def health(request: Request) -> JSONResponse:
         "status": "ok" if engine.state == "ready" else engine.state,
         "model": ref.name if ref else None,
         "queued": engine.outstanding,
+        "activity": engine.activity(),
         "totals": dict(engine.totals),
         "prompt_cache": engine.cache.stats(),
         "models": engine.resident(),

@@ -48,6 +48,19 @@ from localllm.tui.widgets.messages import ChatMessage, speculation_text
 from localllm.tui.widgets.status import StatusBar
 
 
+def activity_label(activity: dict[str, Any]) -> str:
+    """'3 running, 1 waiting, reading 384/1600': the engine's requests (this chat's and
+    every client's), empty when idle."""
+    running, waiting = int(activity.get("active", 0)), int(activity.get("queued", 0))
+    if not running and not waiting:
+        return ""
+    parts = [f"{running} running"] + ([f"{waiting} waiting"] if waiting else [])
+    for row in activity.get("requests", []):
+        if row.get("state") == "prefill":
+            parts.append(f"reading {row.get('prefilled', 0)}/{row.get('prompt_tokens', 0)}")
+    return ", ".join(parts)
+
+
 def device_label(info: ModelInfo) -> str:
     """Backend, device and why that backend: 'llamacpp cpu (2 threads), auto: not Apple Silicon'."""
     reason = info.extra.get("backend_reason")
@@ -191,6 +204,7 @@ class ChatApp(App[None]):
 
     def refresh_memory(self) -> None:
         self.status.memory = f"mem {format_bytes(process_memory())}"
+        self.status.activity = activity_label(self.engine.activity())
 
     async def on_unmount(self) -> None:
         if self._stream is not None:

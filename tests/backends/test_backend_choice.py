@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from localllm import backends
-from localllm.backends import plan
 from localllm.backends.base import ModelRef
 from localllm.config import Settings
+from localllm.engine import placement
+from localllm.engine.placement import plan
 from localllm.engine.worker import Engine, Request
 from localllm.errors import BackendUnavailable
 from tests.conftest import THREADS
@@ -25,7 +26,7 @@ mlx_installed = pytest.mark.skipif(
 
 def test_auto_is_llama_cpp_off_apple_silicon(starter_ref: ModelRef, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(backends, "apple_silicon", lambda: False)
+    monkeypatch.setattr(placement, "apple_silicon", lambda: False)
     chosen = plan(starter_ref, "auto", tmp_path)
     assert chosen.backend == "llamacpp" and "not Apple Silicon" in chosen.reason
     assert not chosen.needs_import
@@ -34,7 +35,7 @@ def test_auto_is_llama_cpp_off_apple_silicon(starter_ref: ModelRef, tmp_path: Pa
 @mlx_installed
 def test_auto_prefers_mlx_on_apple_silicon(starter_ref: ModelRef, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(backends, "apple_silicon", lambda: True)
+    monkeypatch.setattr(placement, "apple_silicon", lambda: True)
     chosen = plan(starter_ref, "auto", tmp_path)
     assert chosen.backend == "mlx" and chosen.needs_import
     assert chosen.text == "auto: Apple Silicon; imports the GGUF once"

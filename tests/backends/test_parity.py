@@ -64,9 +64,12 @@ def test_teacher_forced_logits_agree(starter_ref: ModelRef, pair: tuple[LoadedMo
     import mlx.core as mx
     import numpy as np
 
+    from localllm.backends.llamacpp import plain_cpu_buffers
+
     gguf, mlx = pair
-    ref = llama_cpp.Llama(str(starter_ref.path), n_ctx=256, n_threads=THREADS,
-                          logits_all=True, verbose=False)
+    with plain_cpu_buffers():
+        ref = llama_cpp.Llama(str(starter_ref.path), n_ctx=256, n_threads=THREADS,
+                              logits_all=True, verbose=False)
     worst, positions, same = 0.0, 0, 0
     for question in PROMPTS[:2] + PARTING:
         prompt = gguf.render_chat([Message("user", question)])

@@ -40,9 +40,11 @@ def ask(engine: Engine, messages: list[Message]) -> tuple[list[int], Chunk]:
 
 
 def make(tmp_path: Path, **kw: object) -> Engine:
+    # deterministic, one sequence: each conversation parks the one before, and every
+    # answer must be exactly a cold run's
     values: dict = {"n_threads": THREADS, "n_ctx": 1024, "data_dir": tmp_path / "data",
                     "cache_dir": tmp_path / "cache", "prompt_cache_ram_mb": 512,
-                    "prompt_cache_disk_mb": 0}
+                    "prompt_cache_disk_mb": 0, "deterministic": True, "parallel": 1}
     values.update(kw)
     return Engine(Settings(**values))
 

@@ -189,3 +189,39 @@ def test_non_streaming_client_that_leaves_cancels_too(server: ServerProcess):
     after = server.health()["totals"]
     assert after["cancelled"] == before["cancelled"] + 1
     assert after["generated_tokens"] - before["generated_tokens"] < 400
+
+
+def test_priority_and_deterministic_fields(server: ServerProcess):
+    body = {**CHAT, "max_tokens": 3, "priority": "high", "deterministic": True}
+    r = httpx.post(server.base + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    r = httpx.post(server.base + "/v1/completions",
+                   json={"prompt": "Hi", "max_tokens": 2, "priority": "urgent"})
+    err = assert_error(r, 400)
+    assert err["param"] == "priority" and "high" in err["message"]
+    r = httpx.post(server.base + "/v1/chat/completions", json={**CHAT, "deterministic": "yes!"})
+    assert assert_error(r, 400)["param"] == "deterministic"
+
+
+def test_health_shows_running_requests_and_their_prefill(server: ServerProcess):
+    started = threading.Event()
+
+    def hold() -> None:
+        with httpx.stream("POST", server.base + "/v1/completions", timeout=60,
+                          json={"prompt": "Once upon a time", "max_tokens": 64,
+                                "stream": True}) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        assert started.wait(30)
+        activity = server.health()["activity"]
+        assert activity["active"] == 1
+        (row,) = activity["requests"]
+        assert row["model"] == "starter" and row["prompt_tokens"] > 0
+        assert row["state"] in ("prefill", "decode")
+    finally:
+        t.join(60)
+    assert server.health()["activity"]["active"] == 0

@@ -68,7 +68,7 @@ def test_concurrent_first_requests_load_once_and_health_shows_both(two_models: S
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0].split()[:4] == ["NAME", "BACKEND", "CONTEXT", "MEMORY"]
+    assert lines[0].split()[:6] == ["NAME", "BACKEND", "CONTEXT", "PARALLEL", "MEMORY", "KV"]
     assert lines[1].startswith("starter") and "never (default)" in lines[1]
     assert lines[2].startswith("twin") and lines[2].rstrip().endswith(" s")
 

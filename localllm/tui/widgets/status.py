@@ -1,4 +1,4 @@
-"""The status bar: model, backend and device, endpoint, context used, memory."""
+"""The status bar: model, backend and device, endpoint, context used, requests, memory."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ class StatusBar(Static):
     memory: reactive[str] = reactive("")
     state: reactive[str] = reactive("")
     speculation: reactive[str] = reactive("")  # the last answer's drafts and speed-up
+    activity: reactive[str] = reactive("")  # requests running and waiting, prefill progress
 
     def render(self) -> str:
         fields = (
@@ -23,6 +24,7 @@ class StatusBar(Static):
             self.endpoint,
             self.context,
             self.speculation,
+            self.activity,
             self.memory,
         )
         parts = [p for p in fields if p]

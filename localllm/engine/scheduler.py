@@ -1,0 +1,385 @@
+"""Many requests on one model at once: continuous batching with chunked prefill.
+
+Each loaded model has a `Scheduler` with `n_seq` slots (the `parallel` setting).
+A request joins at the next step and leaves when it ends; none waits for another
+to finish. One step is one batched call of the backend (`LoadedModel.step`):
+
+- every sequence that is decoding contributes its next token (and, when it is the
+  only sequence, the drafts that speculative decoding proposes for it);
+- sequences still reading their prompts share what is left of the step's token
+  budget, interactive ones first. While others decode, a prompt is read in chunks
+  of `PREFILL_CHUNK` tokens, so running streams keep flowing while it is read;
+- each sequence is then sampled by its own sampler chain (its own temperature,
+  seed and penalties), its text checked for stop strings, and its chunks sent.
+
+Interactive requests (`"priority": "high"`, or a raw completion with a small
+`max_tokens`, which is what editor autocomplete sends) are admitted first and
+prefilled first; every decoding sequence still gets its token each step, so a
+long stream is slowed, never starved.
+
+A deterministic request runs alone: it waits for the running ones to finish and
+holds back the rest until it ends, reads its prompt in aligned blocks and reuses
+only exact prefixes, so its output does not depend on the cache or other clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from localllm.backends.base import Chunk, Drafter, FinishReason, LoadedModel, SeqWork
+from localllm.backends.common import (
+    ALIGN,
+    BATCH,
+    DraftCounts,
+    common_prefix,
+    final_chunk,
+    keep_matching,
+)
+from localllm.backends.textstream import TextAssembler
+from localllm.engine.prompt_cache import reusable
+from localllm.engine.stream import END, Started
+from localllm.errors import LocalLLMError
+
+log = logging.getLogger(__name__)
+
+PREFILL_CHUNK = 128  # prompt tokens per step while other sequences decode
+INTERACTIVE_MAX_TOKENS = 64  # a raw completion asking for at most this many is interactive
+
+
+@dataclass(eq=False)
+class Running:
+    """One admitted request: its sequence, its prompt read so far, its output so far."""
+
+    job: Any  # worker._Job
+    seq: int
+    prompt: list[int]
+    done: int  # prompt tokens in the KV cache (cached ones included)
+    cached: int
+    limit: int  # the most tokens it may generate
+    sampler: Any
+    text: TextAssembler
+    exact: bool
+    high: bool
+    started: Started | None  # sent with the first chunk
+    drafter: Drafter | None
+    arrival: int
+    t0: float
+    t_first: float = 0.0
+    generated: int = 0
+    pending: int | None = None  # sampled and sent, not yet evaluated
+    counts: DraftCounts = field(default_factory=DraftCounts)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pending is None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the engine works out for a request before it can run on a model."""
+
+    prompt: list[int]
+    started: Started
+    drafter: Drafter | None
+    exact: bool
+
+
+class Scheduler:
+    """The running batch of one model. Owned by the engine's worker thread.
+
+    `prepare(job)` turns a job into an Admission (it renders the prompt and may raise a
+    typed error for the job); `prepare_seq(prompt, seq, exact)` lets the prompt cache
+    put the best KV state into the chosen slot; `on_end(job, running, final)` is told
+    when a request ends (None for a failure).
+    """
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        prepare: Callable[[Any], Admission],
+        prepare_seq: Callable[[list[int], int, bool], None],
+        on_end: Callable[[Any, Running, Chunk | None], None],
+    ) -> None:
+        self.model = model
+        self._prepare = prepare
+        self._prepare_seq = prepare_seq
+        self._on_end = on_end
+        self._ended: list[tuple[Any, Any]] = []  # (job, END or its error), sent by flush()
+        self.waiting: list[Any] = []
+        self.active: dict[int, Running] = {}
+        self._last_used = [0.0] * model.n_seq
+        self._arrivals = 0
+
+    # -- the queue ---------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self.active or self.waiting)
+
+    def add(self, job: Any) -> None:
+        self._arrivals += 1
+        job.arrival = self._arrivals
+        self.waiting.append(job)
+
+    def progress(self) -> list[dict[str, Any]]:
+        """Each running request, for /health and `localllm ps` (read from other threads)."""
+        rows = []
+        for r in list(self.active.values()):
+            rows.append(
+                {
+                    "seq": r.seq,
+                    "state": "prefill" if r.prefilling else "decode",
+                    "prompt_tokens": len(r.prompt),
+                    "prefilled": r.done,
+                    "cached": r.cached,
+                    "generated": r.generated,
+                    "priority": "high" if r.high else "normal",
+                    "deterministic": r.exact,
+                }
+            )
+        return rows
+
+    def cancel_all(self, error: LocalLLMError) -> None:
+        """End every request with an error (the model is going away)."""
+        for r in list(self.active.values()):
+            self._drop(r, error)
+        self._ended += [(job, error) for job in self.waiting]
+        self.waiting.clear()
+        self.flush()
+
+    def flush(self) -> None:
+        """Tell the requests that ended that they have (after a step: see Engine._run)."""
+        ended, self._ended = self._ended, []
+        for job, item in ended:
+            job.end(item)
+
+    # -- admission ---------------------------------------------------------------------
+    def _admit(self) -> None:
+        if any(r.exact for r in self.active.values()):
+            return  # a deterministic request runs alone
+        self.waiting.sort(key=lambda j: (not _interactive(j.request), j.arrival))
+        while self.waiting:
+            job = self.waiting[0]
+            if job.cancel.is_set():
+                self.waiting.pop(0)
+                _end_unstarted(job)
+                self._ended.append((job, END))
+                continue
+            free = [s for s in range(self.model.n_seq) if s not in self.active]
+            deterministic = bool(job.request.deterministic)
+            if not free or (deterministic and self.active):
+                return  # a deterministic request also holds back those behind it
+            self.waiting.pop(0)
+            try:
+                self._start(job, free)
+            except LocalLLMError as exc:
+                self._ended.append((job, exc))
+                continue
+            except Exception as exc:  # a bug: this request fails, the others go on
+                log.exception("could not start a request")
+                self._ended.append((job, LocalLLMError(f"internal error: {exc}")))
+                continue
+            if deterministic:
+                return
+
+    def _start(self, job: Any, free: list[int]) -> None:
+        adm = self._prepare(job)
+        model, prompt = self.model, adm.prompt
+        seq = max(
+            free, key=lambda s: (common_prefix(model.seq_tokens(s), prompt), -self._last_used[s])
+        )
+        self._prepare_seq(prompt, seq, adm.exact)
+        cached = reusable(model.seq_tokens(seq, exact=adm.exact), prompt, exact=adm.exact)
+        if not model.seq_keep(seq, cached):
+            cached = 0
+        params = job.request.params
+        limit = model.info.n_ctx - len(prompt)
+        if params.max_tokens is not None:
+            limit = min(params.max_tokens, limit)
+        self.active[seq] = Running(
+            job=job,
+            seq=seq,
+            prompt=prompt,
+            done=cached,
+            cached=cached,
+            limit=limit,
+            sampler=model.new_sampler(params, prompt),
+            text=TextAssembler(params.stop),
+            exact=adm.exact,
+            high=_interactive(job.request),
+            started=adm.started,
+            drafter=adm.drafter,
+            arrival=job.arrival,
+            t0=time.perf_counter(),
+        )
+
+    # -- one step ----------------------------------------------------------------------
+    def step(self) -> None:
+        """Admit what fits, evaluate one batch, sample and send what it gave."""
+        self._admit()
+        for r in list(self.active.values()):
+            if r.job.cancel.is_set():
+                self._finish(r, "cancelled")
+        if not self.active:
+            return
+        work, plans = self._plan()
+        t = time.perf_counter()
+        try:
+            self.model.step(work)
+        except Exception as exc:  # the sequences in the batch end; the others go on
+            if not isinstance(exc, LocalLLMError):
+                log.exception("a batched step failed")
+                exc = LocalLLMError(f"internal error: {exc}")
+            for w in work:
+                self.model.seq_keep(w.seq, 0)  # what the failed step wrote is unknown
+                self._drop(self.active[w.seq], exc)
+            return
+        seconds = time.perf_counter() - t
+        for w, draft in zip(work, plans, strict=True):
+            r = self.active[w.seq]
+            if r.prefilling:
+                r.done += len(w.tokens)
+                if w.logits:
+                    self._sampled(r, self.model.sample(r.sampler, r.seq, 0), 0)
+            else:
+                self._verified(r, draft, seconds, alone=len(work) == 1)
+
+    def _plan(self) -> tuple[list[SeqWork], list[list[int]]]:
+        """The batch: each decoding sequence's token (and drafts, when it is alone), then
+        prompt chunks, interactive and earlier requests first."""
+        running = sorted(self.active.values(), key=lambda r: (not r.high, r.arrival))
+        decoding = [r for r in running if not r.prefilling]
+        work: list[SeqWork] = []
+        plans: list[list[int]] = []
+        budget = BATCH
+        for r in decoding:
+            assert r.pending is not None
+            draft = self._draft(r) if len(running) == 1 else []
+            work.append(SeqWork(r.seq, [r.pending, *draft], logits=1 + len(draft)))
+            plans.append(draft)
+            budget -= 1 + len(draft)
+        if decoding:
+            budget = min(budget, PREFILL_CHUNK)
+        for r in running:
+            if not r.prefilling or budget <= 0:
+                continue
+            left = len(r.prompt) - r.done
+            # the last prompt token goes alone, as a cached rerun of the same prompt reads it:
+            # the same request twice (alone) gives the same answer
+            n = min(left - 1, budget) if left > 1 else 1
+            if r.exact:
+                n = _aligned_part(r.done, len(r.prompt))
+            last = r.done + n == len(r.prompt)
+            part = r.prompt[r.done : r.done + n]
+            work.append(SeqWork(r.seq, part, logits=1 if last else 0, exact=r.exact))
+            plans.append([])
+            budget -= n
+        return work, plans
+
+    def _draft(self, r: Running) -> list[int]:
+        if r.drafter is None or r.pending is None:
+            return []
+        kv = self.model.seq_tokens(r.seq)
+        room = min(r.limit - r.generated, self.model.info.n_ctx - len(kv) - 1)
+        return r.drafter.propose([*kv, r.pending], room) if room > 0 else []
+
+    def _verified(self, r: Running, draft: list[int], seconds: float, *, alone: bool) -> None:
+        """After a decode step: keep the drafts the model itself samples, send them and the
+        next token."""
+        base = len(self.model.seq_tokens(r.seq)) - 1 - len(draft)
+        sampled, n_ok = keep_matching(draft, lambda i: self.model.sample(r.sampler, r.seq, i))
+        if draft:
+            self.model.seq_keep(r.seq, base + 1 + n_ok)
+            r.counts.proposed += len(draft)
+            r.counts.accepted += n_ok
+        if r.drafter is not None and alone:
+            r.drafter.observe(len(draft), n_ok, seconds)
+        for kept in draft[:n_ok]:
+            if not self._sampled(r, kept, 1):
+                return
+        self._sampled(r, sampled, 0)
+
+    def _sampled(self, r: Running, tok: int, from_draft: int) -> bool:
+        """Send one generated token; False when the request ended with it."""
+        if r.job.cancel.is_set():
+            self._finish(r, "cancelled")
+            return False
+        if tok in self.model.info.eog_ids:
+            self._finish(r, "stop")
+            return False
+        r.generated += 1
+        if r.generated == 1:
+            r.t_first = time.perf_counter()
+        self._send(r, Chunk(r.text.push(self.model.piece(tok)), (tok,), from_draft=from_draft))
+        if r.text.stopped:
+            self._finish(r, "stop")
+            return False
+        if r.generated >= r.limit:
+            self._finish(r, "length")
+            return False
+        r.pending = tok
+        return True
+
+    def _send(self, r: Running, chunk: Chunk) -> None:
+        if r.started is not None:
+            r.job.emit(r.started)
+            r.started = None
+        r.job.emit(chunk)
+
+    def _finish(self, r: Running, finish: FinishReason) -> None:
+        tail = "" if r.text.stopped else r.text.flush()
+        t_first = r.t_first or r.t0
+        chunk = final_chunk(
+            tail,
+            finish,
+            len(r.prompt),
+            r.cached,
+            r.generated,
+            r.t0,
+            t_first,
+            time.perf_counter(),
+            proposed=r.counts.proposed,
+            accepted=r.counts.accepted,
+        )
+        self._release(r)
+        self._on_end(r.job, r, chunk)
+        self._ended.append((r.job, END))
+
+    def _drop(self, r: Running, error: LocalLLMError) -> None:
+        self._release(r)
+        self._on_end(r.job, r, None)
+        self._ended.append((r.job, error))
+
+    def _release(self, r: Running) -> None:
+        self.active.pop(r.seq, None)
+        self._last_used[r.seq] = time.monotonic()
+        self.model.free_sampler(r.sampler)
+
+
+def _interactive(request: Any) -> bool:
+    """Autocomplete and requests marked high priority go first."""
+    if request.priority == "high":
+        return True
+    small = request.params.max_tokens is not None
+    small = small and request.params.max_tokens <= INTERACTIVE_MAX_TOKENS
+    return request.messages is None and small
+
+
+def _aligned_part(done: int, n_prompt: int) -> int:
+    """How many prompt tokens a deterministic request reads next: up to the next multiple of
+    ALIGN, and the last prompt token alone (as a cold run does; see common.ALIGN)."""
+    if n_prompt - done <= 1:
+        return n_prompt - done
+    return min((done // ALIGN + 1) * ALIGN, n_prompt - 1) - done
+
+
+def _end_unstarted(job: Any) -> None:
+    """A request abandoned while it waited: it ends the usual way, with nothing generated."""
+    from localllm.backends.base import GenerationStats
+
+    job.emit(Started(model=job.ref.name if job.ref else "", prompt_tokens=0))
+    job.emit(Chunk("", (), finish_reason="cancelled", stats=GenerationStats(0, 0, 0, 0.0, 0.0)))
