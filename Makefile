@@ -35,3 +35,4 @@ bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_switch
 	$(BIN)/python -m benchmarks.bench_quantize
 	$(BIN)/python -m benchmarks.bench_speculative
+	$(BIN)/python -m benchmarks.bench_concurrency

@@ -12,6 +12,9 @@ alternating order over `--rounds` rounds:
   next turn and the share of its prompt that came from the cache;
 - a cold prompt of about 1,600 tokens: time to its first token.
 
+`--mlx` measures instead localllm on the MLX backend (the starter imported): four
+concurrent streams of 32 tokens against one stream alone.
+
 llama-server comes from the llama.cpp source in the pinned llama-cpp-python sdist
 (see docs/benchmarks.md); set LLAMA_SERVER to its path (LD_LIBRARY_PATH to its
 folder). Without it only localllm is measured. Run: python -m benchmarks.bench_concurrency
@@ -111,13 +114,13 @@ def story(topic: str, salt: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": f"({salt}) Write a long story about {topic}."}]
 
 
-def concurrent(base: str, salt: str) -> tuple[float, float, float]:
+def concurrent(base: str, salt: str, tokens: int = 128) -> tuple[float, float, float]:
     """(aggregate tok/s of 4 streams, one stream's tok/s, slowest first token)."""
-    one = chat(base, story(TOPICS[0], salt + "-solo"), 128)
+    one = chat(base, story(TOPICS[0], salt + "-solo"), tokens)
     results: list[Result] = []
 
     def run(topic: str) -> None:
-        results.append(chat(base, story(topic, salt), 128))
+        results.append(chat(base, story(topic, salt), tokens))
 
     threads = [threading.Thread(target=run, args=(t,)) for t in TOPICS]
     t0 = time.perf_counter()
@@ -161,7 +164,7 @@ def follow_ups(base: str, salt: str, turns: int = 3) -> list[Result]:
 
 
 def cold_prefill(base: str, salt: str) -> tuple[float, int]:
-    words = " ".join(f"item{i} is {i * 7 % 13}" for i in range(320))
+    words = " ".join(f"item{i} is {i * 7 % 13}" for i in range(230))
     content = f"({salt}) Here is a list: {words}. Which item is the largest?"
     r = chat(base, [{"role": "user", "content": content}], 1)
     return r.total, r.prompt_tokens
@@ -191,10 +194,38 @@ def measure(base: str, salt: str, *, concurrency: bool = True) -> dict[str, floa
     }
 
 
+def mlx_rounds(rounds: int) -> None:
+    """The MLX backend on this machine's CPU: 4 streams together against one alone."""
+    ratios = []
+    for rnd in range(rounds):
+        server = Server(
+            "--threads",
+            str(THREADS),
+            "--parallel",
+            str(PARALLEL),
+            "--backend",
+            "mlx",
+            "--ctx",
+            "1024",
+        )
+        try:
+            agg, one, _ = concurrent(server.base, uuid.uuid4().hex[:8], tokens=32)
+        finally:
+            server.stop()
+        ratios.append(agg / one)
+        print(f"mlx round {rnd}: 4 streams {agg:.1f} tok/s, one {one:.1f} tok/s", flush=True)
+    print(f"median 4-stream aggregate / one stream on MLX: {statistics.median(ratios):.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--mlx", action="store_true", help="the MLX backend, 4 vs 1 stream")
     args = parser.parse_args()
+    if args.mlx:
+        print(machine())
+        mlx_rounds(args.rounds)
+        return
     binary = os.environ.get("LLAMA_SERVER")
     print(machine())
     names = ["localllm", "localllm --deterministic"] + (["llama-server"] if binary else [])

@@ -30,7 +30,7 @@ import openai
 
 from benchmarks.common import Server, machine
 from localllm.backends.base import LoadOptions, SamplingParams
-from localllm.backends.llamacpp import LlamaCppBackend, plain_cpu_buffers
+from localllm.backends.llamacpp import LlamaCppBackend, has_amx, plain_cpu_buffers
 from localllm.models.store import ModelStore
 
 THREADS = 2
@@ -79,8 +79,8 @@ def bare_loop(path: str) -> Callable[[list[int], int], Result]:
     import llama_cpp as ll
 
     ll.llama_backend_init()
-    with plain_cpu_buffers():  # as the backend loads on a CPU with AMX
-        mp = ll.llama_model_default_params()
+    mp = ll.llama_model_default_params()
+    mp.use_extra_bufts = not has_amx()  # as the backend loads on a CPU with AMX
     model = ll.llama_model_load_from_file(path.encode(), mp)
     cp = ll.llama_context_default_params()
     cp.n_ctx, cp.n_batch, cp.n_ubatch = 4096, 512, 512

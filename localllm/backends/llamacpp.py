@@ -105,7 +105,7 @@ class LlamaCppBackend:
         return LlamaCppModel(ref, options)
 
 
-def _has_amx() -> bool:
+def has_amx() -> bool:
     """Whether this CPU has Intel AMX, which a native llama.cpp build then uses."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
@@ -117,10 +117,10 @@ def _has_amx() -> bool:
 @contextlib.contextmanager
 def plain_cpu_buffers() -> Iterator[None]:
     """While open, llama-cpp-python's own `Llama` class loads weights as this backend does
-    on a CPU with AMX (see `_has_amx`): benchmarks and tests compare against that class."""
+    on a CPU with AMX (see `has_amx`): benchmarks and tests compare against that class."""
     import llama_cpp.llama_cpp as native
 
-    if not _has_amx():
+    if not has_amx():
         yield
         return
     default = native.llama_model_default_params
@@ -162,7 +162,7 @@ class LlamaCppModel:
         offload = ll.llama_supports_gpu_offload()
         n_gpu = 0 if not offload else (999 if options.n_gpu_layers < 0 else options.n_gpu_layers)
         mparams.n_gpu_layers = n_gpu
-        if _has_amx():
+        if has_amx():
             # ggml's AMX matrix kernels crash (SIGSEGV in ggml_backend_amx_mul_mat) on the
             # first batch of more than one token for the starter's Q4_1 weights on such CPUs:
             # keep the weights in plain CPU buffers there.

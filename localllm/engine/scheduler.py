@@ -114,6 +114,7 @@ class Scheduler:
         self.active: dict[int, Running] = {}
         self._last_used = [0.0] * model.n_seq
         self._arrivals = 0
+        self._steps = 0
 
     # -- the queue ---------------------------------------------------------------------
     @property
@@ -250,8 +251,14 @@ class Scheduler:
 
     def _plan(self) -> tuple[list[SeqWork], list[list[int]]]:
         """The batch: each decoding sequence's token (and drafts, when it is alone), then
-        prompt chunks, interactive and earlier requests first."""
+        prompt chunks, interactive and earlier requests first. While an interactive request
+        decodes, the others sit out every other step: a step of one sequence costs about
+        two thirds of a step of two here, so autocomplete gets most of the machine for its
+        few tokens and a long answer runs at half speed meanwhile, never stopped."""
         running = sorted(self.active.values(), key=lambda r: (not r.high, r.arrival))
+        self._steps += 1
+        if self._steps % 2 and any(r.high and not r.prefilling for r in running):
+            running = [r for r in running if r.high]
         decoding = [r for r in running if not r.prefilling]
         work: list[SeqWork] = []
         plans: list[list[int]] = []
@@ -268,9 +275,10 @@ class Scheduler:
             if not r.prefilling or budget <= 0:
                 continue
             left = len(r.prompt) - r.done
-            # the last prompt token goes alone, as a cached rerun of the same prompt reads it:
-            # the same request twice (alone) gives the same answer
-            n = min(left - 1, budget) if left > 1 else 1
+            # alone, the last prompt token is read in a step of its own, as a cached rerun of
+            # the same prompt reads it: the same request twice gives the same answer. Beside
+            # others the batch differs anyway, and the extra step would only add latency.
+            n = min(left - 1, budget) if left > 1 and len(running) == 1 else min(left, budget)
             if r.exact:
                 n = _aligned_part(r.done, len(r.prompt))
             last = r.done + n == len(r.prompt)

@@ -544,6 +544,7 @@ class Engine:
                 ref, default=default is None and job.ref is None, keep_alive=request.keep_alive
             )
             job.ref = res.ref
+            job.request = dataclasses.replace(request, deterministic=self._deterministic(request))
             res.requests += 1
             res.scheduler.add(job)
         except LocalLLMError as exc:
@@ -572,7 +573,7 @@ class Engine:
             request = job.request
             tokens, dropped, before = fit_prompt(model, request)
             started = Started(res.ref.name, len(tokens), dropped, before)
-            exact = self._deterministic(request)
+            exact = bool(request.deterministic)  # the setting's when the request is silent
             drafter = self.speculation.drafter(request, res.ref, model)
             self.totals["requests"] += 1
             return Admission(tokens, started, drafter, exact)

@@ -286,3 +286,20 @@ def test_mlx_runs_two_requests_together(tmp_path: Path, starter_mlx_ref: ModelRe
         assert max(events.first(t) for t in TOPICS[:2]) < min(events.last(t) for t in TOPICS[:2])
     finally:
         engine.close()
+
+
+def test_the_deterministic_setting_runs_requests_one_at_a_time(tmp_path: Path):
+    engine = make(tmp_path, deterministic=True)
+    try:
+        events = Events()
+        params = SamplingParams(temperature=0.0, max_tokens=24)
+        threads = [
+            start(events.run, engine, t, Request(params, messages=story(t))) for t in TOPICS[:2]
+        ]
+        for t in threads:
+            t.join()
+        first, second = sorted(TOPICS[:2], key=events.first)
+        assert events.last(first) < events.first(second)
+        assert all(events.of(t)[-1].stats.generated_tokens == 24 for t in TOPICS[:2])  # type: ignore[union-attr]
+    finally:
+        engine.close()
