@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import threading
 import time
 import uuid
@@ -35,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import Server, free_port, machine
+from benchmarks.common import Server, machine
 from localllm.models.starter import starter_path
 
 THREADS = 2
@@ -54,29 +53,19 @@ class Result:
     text: str = ""
 
 
-class LlamaServer:
-    def __init__(self, binary: str) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        model = str(starter_path())
-        args = [binary, "-m", model, "--port", str(self.port), "-t", str(THREADS)]
-        args += ["-tb", str(THREADS), "-c", str(CTX * PARALLEL), "-np", str(PARALLEL)]
-        # the same kernels as localllm on a CPU with AMX (see backends/llamacpp.py)
-        args += ["--no-repack"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("llama-server did not become ready")
+class LlamaServer(Server):
+    """llama.cpp's own server on the same model, threads and slots."""
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        super().__init__()
+
+    def command(self, *args: str) -> list[str]:
+        cmd = [self.binary, "-m", str(starter_path()), "--port", str(self.port)]
+        cmd += ["-t", str(THREADS), "-tb", str(THREADS)]
+        cmd += ["-c", str(CTX * PARALLEL), "-np", str(PARALLEL)]
+        # the same kernels as localllm on a CPU with AMX (see backends/llamacpp.py)
+        return [*cmd, "--no-repack", *args]
 
 
 def stream(base: str, path: str, body: dict[str, Any]) -> Result:

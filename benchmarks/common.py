@@ -46,7 +46,7 @@ class Server:
         self.base = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "LOCALLLM_CONFIG": os.devnull}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "localllm", "serve", "--port", str(self.port), *args],
+            self.command(*args),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             env=env,
@@ -59,6 +59,10 @@ class Server:
             except httpx.TransportError:
                 time.sleep(0.1)
         raise RuntimeError("server did not become ready")
+
+    def command(self, *args: str) -> list[str]:
+        """The server's command line (another OpenAI-compatible server: override this)."""
+        return [sys.executable, "-m", "localllm", "serve", "--port", str(self.port), *args]
 
     def stop(self) -> None:
         self.proc.terminate()
