@@ -379,6 +379,8 @@ def _print_loaded(models: list[dict[str, Any]]) -> None:
         until = "never (default)" if m.get("default") else "never"
         if m.get("expires_in_s") is not None:
             until = f"{m['expires_in_s']:.0f} s"
+        if m.get("draft_for"):
+            until = f"with {m['draft_for']} (its draft)"
         rows.append(
             (
                 str(m.get("model")),

@@ -297,13 +297,28 @@ def configured_draft(settings: Any, store: Any) -> ModelRef | None:
     return ref
 
 
+def _no_draft_models(target_ref: ModelRef, ref: ModelRef, target: LoadedModel) -> LoadedModel:
+    raise LocalLLMError(f"no engine here loads draft models (asked for {ref.name})")
+
+
 class Speculation:
     """The engine's speculative decoding: which drafter a request gets, the draft models
-    it loads, and the models it has switched drafting off for."""
+    it uses, and the models it has switched drafting off for. Draft models are loaded and
+    unloaded by the engine (`load_draft(target ref, draft ref, target)` and
+    `unload_draft(model)`), so that they count among its loaded models."""
 
-    def __init__(self, settings: Any, store: Any) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        store: Any,
+        *,
+        load_draft: Callable[[ModelRef, ModelRef, LoadedModel], LoadedModel] | None = None,
+        unload_draft: Callable[[LoadedModel], None] | None = None,
+    ) -> None:
         self.settings = settings
         self.store = store
+        self._load_draft = load_draft or _no_draft_models
+        self._unload_draft = unload_draft or (lambda model: model.close())
         self._drafts: dict[tuple[str, str], Any] = {}  # (target path, draft path) -> model
         self._off: set[tuple[str, str]] = set()  # (target path, kind) that did not pay
         # auto mode: what drafting has shown for each (target path, kind) so far
@@ -346,36 +361,14 @@ class Speculation:
     def _draft_model(
         self, ref: ModelRef, target: LoadedModel, name: str
     ) -> tuple[LoadedModel, ModelRef]:
-        from localllm.backends.base import LoadOptions
-        from localllm.engine.placement import plan, prepare
-        from localllm.errors import BackendUnavailable
-
         draft_ref = self.store.resolve(name)
         key = (str(ref.path), str(draft_ref.path))
         if key in self._drafts:
             return self._drafts[key], draft_ref
-        backend = target.info.backend  # the draft runs where the target runs
-        if not self.settings.force_load:  # a draft model is loaded memory too
-            from localllm.models import fit
-
-            f32_kv = backend == "mlx" and target.info.device == "cpu"  # MLX on a CPU: f32
-            need = fit.estimate(draft_ref, target.info.n_ctx, kv_scale=2 if f32_kv else 1)
-            fit.check(need, fit.free_memory(budget_mb=self.settings.memory_budget_mb))
-        try:
-            chosen = plan(draft_ref, backend, self.settings.models_dir)
-            loader, loadable = prepare(draft_ref, chosen, self.settings.models_dir)
-        except BackendUnavailable as exc:
-            raise InvalidRequest(
-                f"the draft model {draft_ref.name} cannot run on {backend} beside "
-                f"{ref.name}: {exc.hint}",
-                param="draft_model",
-            ) from None
-        draft = loader.load(
-            loadable, LoadOptions(n_ctx=target.info.n_ctx, n_threads=self.settings.n_threads)
-        )
+        draft = self._load_draft(ref, draft_ref, target)
         mine, theirs = target.info.vocab_fingerprint, draft.info.vocab_fingerprint
         if mine != theirs:
-            draft.close()
+            self._unload_draft(draft)
             raise InvalidRequest(
                 f"the draft model {draft_ref.name} (vocabulary {theirs}) cannot draft for "
                 f"{ref.name} (vocabulary {mine}): their vocabularies differ",
@@ -419,11 +412,11 @@ class Speculation:
     def release(self, ref: ModelRef) -> None:
         """The target unloads: its draft models go, and it gets a fresh chance."""
         for key in [k for k in self._drafts if k[0] == str(ref.path)]:
-            self._drafts.pop(key).close()
+            self._unload_draft(self._drafts.pop(key))
         self._off = {k for k in self._off if k[0] != str(ref.path)}
         self._evidence = {k: v for k, v in self._evidence.items() if k[0] != str(ref.path)}
 
     def close(self) -> None:
         for model in self._drafts.values():
-            model.close()
+            self._unload_draft(model)
         self._drafts.clear()

@@ -109,6 +109,7 @@ class Resident:
     kv_bytes: int  # of which the KV cache of its n_seq sequences
     keep_alive: float | None  # idle seconds before it unloads; None: never
     scheduler: Scheduler = field(init=False)
+    draft_for: str | None = None  # a draft model: the model it drafts for
     last_used: float = field(default_factory=time.monotonic)
     requests: int = 0
 
@@ -143,7 +144,9 @@ class Engine:
             settings.cache_dir / "kv" if settings.prompt_cache_disk_mb > 0 else None,
             settings.prompt_cache_disk_mb * 1024 * 1024,
         )
-        self.speculation = Speculation(settings, self.store)
+        self.speculation = Speculation(
+            settings, self.store, load_draft=self._load_draft, unload_draft=self._unload_draft
+        )
         self._backend = settings.backend  # the preference models load with
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._outstanding = 0
@@ -203,6 +206,7 @@ class Engine:
                     "idle_s": round(now - res.last_used, 1),
                     "expires_in_s": expires,
                     "requests": res.requests,
+                    "draft_for": res.draft_for,
                 }
             )
         return rows
@@ -366,7 +370,7 @@ class Engine:
 
         return fit.free_memory(gpu_offload=self.settings.n_gpu_layers != 0 and gpu_offload())
 
-    def _make_room(self, need: fit.Estimate) -> None:
+    def _make_room(self, need: fit.Estimate, *, keep: Path | None = None) -> None:
         """Refuse (unless forced) a load that would not fit even with every other model
         unloaded; otherwise unload least recently used models (the default last) until it
         fits beside the rest, within max_loaded_models and memory."""
@@ -381,7 +385,12 @@ class Engine:
             log.warning(
                 "loading %s anyway (force_load): needs %s, %s", need.name, need.text(), room.text()
             )
-        idle = [r for r in self._resident.values() if not r.scheduler.busy]
+        # a draft model goes with its target; a model being served stays
+        idle = [
+            r
+            for r in self._resident.values()
+            if not r.scheduler.busy and r.draft_for is None and r.ref.path != keep
+        ]
         order = sorted(idle, key=lambda r: (r is self._default, r.last_used))
         kept = held  # what the models still loaded take
 
@@ -395,13 +404,17 @@ class Engine:
             self._unload(res)
 
     def _unload(self, res: Resident) -> None:
+        if res not in self._resident.values():
+            return  # a draft model, gone with its target already
         log.info("unloading %s", res.ref.name)
         try:
             self.cache.release(res.cache_key)
         except Exception:
             log.exception("could not save %s's live KV state", res.ref.name)
         self.totals["unloads"] += 1  # first: a reader that sees it gone sees it counted
-        self._resident.pop(res.ref.path, None)
+        for key, value in list(self._resident.items()):
+            if value is res:
+                del self._resident[key]
         if self._default is res:
             self._default = None
         self.speculation.release(res.ref)
@@ -422,6 +435,42 @@ class Engine:
             elif soonest is None or left < soonest:
                 soonest = left
         return soonest
+
+    def _load_draft(self, target_ref: ModelRef, ref: ModelRef, target: LoadedModel) -> LoadedModel:
+        """Load a draft model for `target`, on its backend and at its context, one sequence:
+        checked against memory like any load and listed among the loaded models (it goes
+        when its target goes)."""
+        from localllm.errors import BackendUnavailable, InvalidRequest
+
+        backend = target.info.backend  # the draft runs where the target runs
+        f32_kv = _kv_type(target.info) == "f32"
+        need = fit.estimate(ref, target.info.n_ctx, kv_scale=2 if f32_kv else 1)
+        self._make_room(need, keep=target_ref.path)
+        models_dir = self.settings.models_dir
+        try:
+            loader, loadable = prepare(ref, plan(ref, backend, models_dir), models_dir)
+        except BackendUnavailable as exc:
+            raise InvalidRequest(
+                f"the draft model {ref.name} cannot run on {backend} beside "
+                f"{target_ref.name}: {exc.hint}",
+                param="draft_model",
+            ) from None
+        options = LoadOptions(n_ctx=target.info.n_ctx, n_threads=self.settings.n_threads)
+        model = loader.load(loadable, options)
+        res = Resident(ref, model, backend, "", need.total, need.kv, None)
+        res.scheduler = self._scheduler(res)  # it serves no requests of its own
+        res.draft_for = target_ref.name
+        self._resident[Path(f"{ref.path}#draft-for:{target_ref.path}")] = res
+        self.totals["loads"] += 1
+        log.info("loaded %s as the draft model for %s", ref.name, target_ref.name)
+        return model
+
+    def _unload_draft(self, model: LoadedModel) -> None:
+        for res in list(self._resident.values()):
+            if res.model is model:
+                self._unload(res)
+                return
+        model.close()  # not listed (it failed its checks before it was)
 
     def _load_with_backend(
         self, ref: ModelRef, options: LoadOptions

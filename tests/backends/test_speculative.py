@@ -238,3 +238,25 @@ def test_a_draft_model_that_does_not_fit_is_refused(
         assert "+ draft starter-f16 " in err.value.message
     finally:
         engine.close()
+
+
+def test_a_draft_model_loads_through_the_engine_and_goes_with_its_target(
+    settings: Settings, store: ModelStore
+):
+    engine = Engine(replace(settings, speculate="draft", draft_model="starter"), store)
+    try:
+        request = Request(
+            SamplingParams(temperature=0.0, max_tokens=24),
+            messages=[Message("user", "Repeat after me: one two three four five six.")],
+        )
+        chunks = list(engine.generate(request))
+        assert chunks[-1].finish_reason in ("stop", "length") and len(chunks) > 1
+        rows = engine.resident()
+        drafts = [r for r in rows if r["draft_for"] == "starter"]
+        assert len(rows) == 2 and len(drafts) == 1  # listed, as /health and `ps` show it
+        assert drafts[0]["parallel"] == 1 and drafts[0]["memory_bytes"] > 0
+        assert engine.totals["loads"] == 2
+        engine.load("starter", n_ctx=512)  # the target reloads: its draft goes with it
+        assert [r["draft_for"] for r in engine.resident()] == [None]
+    finally:
+        engine.close()
