@@ -34,6 +34,7 @@ from localllm.backends.base import (
     ModelRef,
     SamplingParams,
 )
+from localllm.backends.common import check_request
 from localllm.config import DEFAULT_PARALLEL, Settings
 from localllm.engine.placement import Plan, plan, prepare
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
@@ -621,6 +622,7 @@ class Engine:
         def admit(job: _Job) -> Admission:
             request = job.request
             tokens, dropped, before = fit_prompt(model, request)
+            check_request(len(tokens), model.info.n_ctx, request.params)
             started = Started(res.ref.name, len(tokens), dropped, before)
             exact = bool(request.deterministic)  # the setting's when the request is silent
             drafter = self.speculation.drafter(request, res.ref, model)

@@ -17,7 +17,7 @@ import pytest
 from localllm.backends.base import Chunk, Message, ModelRef, SamplingParams
 from localllm.config import Settings
 from localllm.engine.worker import Engine, Request
-from localllm.errors import ModelTooLarge
+from localllm.errors import InvalidRequest, ModelTooLarge
 from localllm.models import fit
 from tests.conftest import THREADS
 
@@ -303,3 +303,11 @@ def test_the_deterministic_setting_runs_requests_one_at_a_time(tmp_path: Path):
         assert all(events.of(t)[-1].stats.generated_tokens == 24 for t in TOPICS[:2])  # type: ignore[union-attr]
     finally:
         engine.close()
+
+
+def test_an_empty_prompt_is_refused_before_it_takes_a_sequence(engine: Engine):
+    with pytest.raises(InvalidRequest, match=r"empty \(0 tokens\)"):
+        list(engine.generate(Request(SamplingParams(max_tokens=4), prompt_tokens=[])))
+    assert engine.activity()["active"] == 0
+    chunks = list(engine.generate(Request(SamplingParams(max_tokens=3), prompt="Hi")))
+    assert chunks[-1].stats is not None and chunks[-1].stats.generated_tokens == 3
