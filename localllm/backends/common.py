@@ -49,15 +49,12 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def reusable_prefix(cached: Sequence[int], prompt: Sequence[int]) -> int:
-    """How many cached tokens a prompt can keep: the common prefix, cut to ALIGN.
-
-    The last prompt token is always evaluated (its logits pick the first answer token).
-    """
-    n, limit = 0, min(len(cached), len(prompt) - 1)
-    while n < limit and cached[n] == prompt[n]:
-        n += 1
-    return n - n % ALIGN
+def reusable_prefix(cached: Sequence[int], prompt: Sequence[int], *, exact: bool = True) -> int:
+    """How many cached tokens a prompt can keep: the common prefix, cut to ALIGN when the
+    reuse must be exact. The last prompt token is always evaluated (its logits pick the
+    first answer token)."""
+    n = common_prefix(cached, prompt[:-1])
+    return n - n % ALIGN if exact else n
 
 
 def extends_canonical(canonical: int, start: int, lo: int, hi: int) -> int:
@@ -86,6 +83,10 @@ class KVLedger:
     def prefix(self) -> list[int]:
         """The exactly reusable tokens."""
         return self.tokens[: self.canonical]
+
+    def view(self, *, exact: bool) -> list[int]:
+        """A copy of the tokens a request may reuse: the exact prefix, or all of them."""
+        return self.prefix() if exact else list(self.tokens)
 
     def reusable(self, prompt: Sequence[int]) -> int:
         return reusable_prefix(self.prefix(), prompt)

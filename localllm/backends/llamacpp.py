@@ -392,8 +392,7 @@ class LlamaCppModel:
 
     # -- batched steps -------------------------------------------------------------------
     def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
-        kv = self._kvs[seq]
-        return kv.prefix() if exact else list(kv.tokens)
+        return self._kvs[seq].view(exact=exact)
 
     def seq_keep(self, seq: int, n: int) -> bool:
         return self._truncate(n, seq)

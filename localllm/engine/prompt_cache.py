@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from localllm.backends.base import KVSnapshot, LoadedModel, ModelRef
-from localllm.backends.common import ALIGN, common_prefix
+from localllm.backends.common import reusable_prefix as reusable
 
 log = logging.getLogger(__name__)
 
@@ -59,13 +59,6 @@ def model_key(ref: ModelRef, model: LoadedModel, kv_type: str) -> str:
         kv_type,
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
-
-
-def reusable(cached: Sequence[int], prompt: Sequence[int], *, exact: bool) -> int:
-    """How many cached tokens a prompt can keep. The last prompt token is always evaluated
-    (its logits pick the first answer token); exact reuse is cut to whole ALIGN blocks."""
-    n = common_prefix(cached, prompt[:-1])
-    return n - n % ALIGN if exact else n
 
 
 def _exact_n(state: KVSnapshot | _DiskEntry) -> int:

@@ -38,9 +38,9 @@ from localllm.backends.common import (
     common_prefix,
     final_chunk,
     keep_matching,
+    reusable_prefix,
 )
 from localllm.backends.textstream import TextAssembler
-from localllm.engine.prompt_cache import reusable
 from localllm.engine.stream import END, Started
 from localllm.errors import LocalLLMError
 
@@ -167,7 +167,7 @@ class Scheduler:
             job = self.waiting[0]
             if job.cancel.is_set():
                 self.waiting.pop(0)
-                _end_unstarted(job)
+                end_unstarted(job, job.ref.name if job.ref else "")
                 self._ended.append((job, END))
                 continue
             free = [s for s in range(self.model.n_seq) if s not in self.active]
@@ -194,7 +194,7 @@ class Scheduler:
             free, key=lambda s: (common_prefix(model.seq_tokens(s), prompt), -self._last_used[s])
         )
         self._prepare_seq(prompt, seq, adm.exact)
-        cached = reusable(model.seq_tokens(seq, exact=adm.exact), prompt, exact=adm.exact)
+        cached = reusable_prefix(model.seq_tokens(seq, exact=adm.exact), prompt, exact=adm.exact)
         if not model.seq_keep(seq, cached):
             cached = 0
         params = job.request.params
@@ -298,10 +298,9 @@ class Scheduler:
     def _verified(self, r: Running, draft: list[int], seconds: float, *, alone: bool) -> None:
         """After a decode step: keep the drafts the model itself samples, send them and the
         next token."""
-        base = len(self.model.seq_tokens(r.seq)) - 1 - len(draft)
         sampled, n_ok = keep_matching(draft, lambda i: self.model.sample(r.sampler, r.seq, i))
-        if draft:
-            self.model.seq_keep(r.seq, base + 1 + n_ok)
+        if draft:  # the rejected drafts leave the cache
+            self.model.seq_keep(r.seq, len(self.model.seq_tokens(r.seq)) - len(draft) + n_ok)
             r.counts.proposed += len(draft)
             r.counts.accepted += n_ok
         if r.drafter is not None and alone:
@@ -385,9 +384,10 @@ def _aligned_part(done: int, n_prompt: int) -> int:
     return min((done // ALIGN + 1) * ALIGN, n_prompt - 1) - done
 
 
-def _end_unstarted(job: Any) -> None:
-    """A request abandoned while it waited: it ends the usual way, with nothing generated."""
+def end_unstarted(job: Any, model: str) -> None:
+    """A request abandoned while it waited: it ends the usual way, with nothing generated
+    (its caller then sends END)."""
     from localllm.backends.base import GenerationStats
 
-    job.emit(Started(model=job.ref.name if job.ref else "", prompt_tokens=0))
+    job.emit(Started(model=model, prompt_tokens=0))
     job.emit(Chunk("", (), finish_reason="cancelled", stats=GenerationStats(0, 0, 0, 0.0, 0.0)))

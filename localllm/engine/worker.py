@@ -26,7 +26,6 @@ from typing import Any, Literal
 from localllm.backends import apple_silicon
 from localllm.backends.base import (
     Chunk,
-    GenerationStats,
     LoadedModel,
     LoadOptions,
     Message,
@@ -38,7 +37,7 @@ from localllm.backends.common import check_request
 from localllm.config import DEFAULT_PARALLEL, Settings
 from localllm.engine.placement import Plan, plan, prepare
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
-from localllm.engine.scheduler import Admission, Running, Scheduler
+from localllm.engine.scheduler import Admission, Running, Scheduler, end_unstarted
 from localllm.engine.speculative import Speculation, configured_draft
 from localllm.engine.stream import END, ChunkStream, Started
 from localllm.errors import (
@@ -585,9 +584,7 @@ class Engine:
             default = self._default
             ref = job.ref or (default.ref if default else self.store.resolve(self.settings.model))
             if job.cancel.is_set():  # abandoned while it waited: end it the usual way
-                job.emit(Started(model=ref.name, prompt_tokens=0))
-                stats = GenerationStats(0, 0, 0, 0.0, 0.0)
-                job.emit(Chunk("", (), finish_reason="cancelled", stats=stats))
+                end_unstarted(job, ref.name)
                 job.end()
                 return
             res = self._ensure_loaded(
