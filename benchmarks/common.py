@@ -41,10 +41,10 @@ def free_port() -> int:
 class Server:
     """`localllm serve` in a child process, ready when /health says so."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "LOCALLLM_CONFIG": os.devnull}
+        env = {**os.environ, "LOCALLLM_CONFIG": os.devnull, **(env or {})}
         self.proc = subprocess.Popen(
             self.command(*args),
             stdout=subprocess.DEVNULL,

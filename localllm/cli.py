@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from localllm import __version__
 from localllm.cli_common import EXIT_USAGE, progress_printer
 from localllm.config import DEFAULT_PORT, SPECULATE_MODES, Settings, load_settings
-from localllm.errors import ConfigError, LocalLLMError, ModelNotFound
+from localllm.errors import ConfigError, DamagedModel, LocalLLMError, ModelNotFound
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +169,12 @@ def build_parser() -> argparse.ArgumentParser:
     model_flags(serve)
     serve.add_argument("--host", help="address to bind (default: 127.0.0.1)")
     serve.add_argument("--port", type=_port, help=f"port (default: {DEFAULT_PORT})")
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        default=None,
+        help="serve a non-loopback --host with no API key (anyone who can reach it may use it)",
+    )
 
     run = sub.add_parser("run", parents=[common], help="answer one prompt on stdout")
     run.add_argument("prompt", nargs="?", help="the prompt, or '-' to read it from stdin")
@@ -211,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", choices=["mlx"], required=True, help="the target format")
     convert.add_argument("--name", help="store name of the result (default: MODEL-mlx)")
     _quantize_parsers(sub, common, backend_flag)
+    from localllm import cli_keys
+
+    cli_keys.add_parsers(sub, common)
     return parser
 
 
@@ -296,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "draft_model",
         "parallel",
         "deterministic",
+        "no_auth",
     )
     flags = {k: getattr(args, k, None) for k in keys}
     flags["log_level"] = args.log_level
@@ -305,7 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
     _setup_logging(settings.log_level)
-    from localllm import cli_models, cli_quantize
+    from localllm import cli_keys, cli_models, cli_quantize
 
     handlers: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
         "chat": cmd_chat,
@@ -319,10 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "pull": cli_models.cmd_pull,
         "quantize": cli_quantize.cmd_quantize,
         "eval": cli_quantize.cmd_eval,
+        "keys": cli_keys.cmd_keys,
+        "usage": cli_keys.cmd_usage,
     }
     try:
         return handlers[command](settings, args)
-    except ModelNotFound as exc:
+    except (ModelNotFound, ConfigError, DamagedModel) as exc:
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
     except LocalLLMError as exc:
@@ -418,18 +430,32 @@ def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.engine.accounting import Accounting
     from localllm.engine.worker import Engine
-    from localllm.server.runner import bind, make_server
+    from localllm.server.runner import bind, check_exposure, make_server
 
-    engine = Engine(settings)
-    ref = engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
+    accounting = Accounting.for_settings(settings)
     try:
+        check_exposure(settings, accounting)
+    except ConfigError:
+        accounting.close()
+        raise
+    engine = Engine(settings)
+    engine.observers.append(accounting.observe)
+    try:
+        ref = engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
         sock = bind(settings.host, settings.port)
-    except ConfigError as exc:
+    except LocalLLMError as exc:
         engine.close()
-        sys.stderr.write(f"localllm: error: {exc.message}\n")
-        return EXIT_USAGE
-    server = make_server(settings, engine)
+        accounting.close()
+        if isinstance(exc, ConfigError):
+            sys.stderr.write(f"localllm: error: {exc.message}\n")
+            return EXIT_USAGE
+        raise
+    server = make_server(settings, engine, accounting)
+    from localllm.server.guard import write_access_log
+
+    write_access_log(sys.stderr)
     failed: list[LocalLLMError] = []
 
     def load() -> None:
@@ -450,6 +476,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         server.run(sockets=[sock])
     finally:
         engine.close()
+        accounting.close()
     if failed:
         sys.stderr.write(f"localllm: error: {failed[0].message}\n")
         return 1

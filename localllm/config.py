@@ -49,6 +49,7 @@ def _ollama_dir() -> Path:
     return Path(explicit).expanduser() if explicit else Path.home() / ".ollama" / "models"
 
 
+MAX_KEEP_ALIVE_S = 366 * 24 * 3600  # a keep-alive longer than a year is a mistake
 DEFAULT_PARALLEL = 4  # sequences per model when the `parallel` setting is not given
 SPECULATE_MODES = ("off", "lookup", "draft", "auto")  # speculative decoding
 
@@ -79,6 +80,14 @@ class Settings:
     speculate: str = "auto"  # off | lookup | draft | auto (lookup, or the draft model if set)
     draft_model: str | None = None  # a smaller model with the target's vocabulary
     log_level: str = "warning"
+    # security (see server/guard.py): Host names served besides loopback, the bound
+    # address and IP literals ("*": any); browser origins allowed besides loopback and IDE
+    # webviews ("*": any, "scheme://*": any of that scheme); model paths over the API
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    allow_model_paths: bool = False
+    no_auth: bool = False  # serve a non-loopback address with no API key
+    drain_s: float = 10.0  # on SIGTERM, seconds to let running answers finish
     data_dir: Path = field(default_factory=_data_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
     lmstudio_dir: Path = field(default_factory=_lmstudio_dir)  # models used where they lie
@@ -105,6 +114,15 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         return None
     kind = str(_FIELDS[name].type)
     try:
+        if kind.startswith("tuple"):
+            items = value.split(",") if isinstance(value, str) else value
+            if not isinstance(items, list | tuple):
+                raise ValueError("expected a list of strings")
+            return tuple(str(v).strip() for v in items if str(v).strip())
+        if kind == "float":
+            if isinstance(value, bool):
+                raise ValueError("a boolean is not a number")
+            return float(value)
         if "Path" in kind:
             return Path(str(value)).expanduser()
         if kind == "bool":
@@ -211,5 +229,12 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"max_queue must be at least 1, got {s.max_queue}")
     if not 0 <= s.stream_interval_ms <= 1000:
         raise ConfigError(f"stream_interval_ms must be 0 to 1000, got {s.stream_interval_ms}")
+    if not (s.keep_alive_s == -1 or 0 <= s.keep_alive_s <= MAX_KEEP_ALIVE_S):
+        raise ConfigError(
+            f"keep_alive_s must be -1 (never unload) or 0 to {MAX_KEEP_ALIVE_S}, "
+            f"got {s.keep_alive_s}"
+        )
+    if not 0 <= s.drain_s <= 3600:
+        raise ConfigError(f"drain_s must be 0 to 3600 seconds, got {s.drain_s}")
     if s.max_body_bytes < 1024:
         raise ConfigError(f"max_body_bytes must be at least 1024, got {s.max_body_bytes}")

@@ -20,6 +20,8 @@ class LocalLLMError(Exception):
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+        # what a remote client is told, where `message` names files on this machine
+        self.public_message = message
 
 
 class InvalidRequest(LocalLLMError):
@@ -42,10 +44,14 @@ class ContextOverflow(LocalLLMError):
     code = "context_length_exceeded"
     param = "messages"
 
-    def __init__(self, prompt_tokens: int, n_ctx: int) -> None:
+    def __init__(self, prompt_tokens: int, n_ctx: int, *, at_least: bool = False) -> None:
+        if at_least:
+            has = f"{prompt_tokens} or more tokens (judged from its size)"
+        else:
+            has = f"{prompt_tokens} tokens"
         super().__init__(
-            f"This model's context window is {n_ctx} tokens, but the prompt has "
-            f"{prompt_tokens} tokens; shorten it by at least {prompt_tokens - n_ctx + 1} tokens "
+            f"This model's context window is {n_ctx} tokens, but the prompt has {has}; "
+            f"shorten it by at least {prompt_tokens - n_ctx + 1} tokens "
             f"or load the model with a larger context."
         )
         self.prompt_tokens = prompt_tokens
@@ -78,6 +84,22 @@ class ModelLoadError(LocalLLMError):
         super().__init__(f"Could not load model {path}: {reason}")
         self.path = path
         self.reason = reason
+        name = path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        self.public_message = f"Could not load model {name}; the server's log says why."
+
+
+class DamagedModel(ModelLoadError):
+    """A model file whose header is damaged or malformed: the file is at fault, not the
+    machine (a 400 to a client, exit code 2 from the CLI)."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "model_damaged"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        name = path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        self.public_message = f"The model file {name} is damaged: {reason}"
 
 
 class BackendUnavailable(LocalLLMError):
@@ -102,6 +124,7 @@ class ImportFailed(LocalLLMError):
 
     def __init__(self, source: str, reason: str) -> None:
         super().__init__(f"Cannot import {source}: {reason}")
+        self.public_message = "Cannot import the model for MLX; the server's log says why."
         self.source = source
         self.reason = reason
 

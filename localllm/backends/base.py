@@ -104,6 +104,10 @@ class ModelInfo:
     vocab_fingerprint: str
     fim: FimTokens | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    n_vocab: int = 0  # token ids run from 0 to n_vocab - 1; 0: not known
+    # the longest token's text in bytes: a text of B bytes is at least B / this many
+    # tokens, which bounds a prompt before it is tokenized; 0: not known
+    max_token_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)

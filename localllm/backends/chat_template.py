@@ -1,10 +1,19 @@
-"""Render a model's chat template (Jinja, from the GGUF or tokenizer metadata)."""
+"""Render a model's chat template (Jinja, from the GGUF or tokenizer metadata).
+
+A template comes with the model file, so it is code from whoever made the file. It runs
+in Jinja's immutable sandbox, and within bounds: at most RENDER_SECONDS of time (a
+watchdog raises in the rendering thread, which stops any loop written in Jinja), at
+most MAX_OUTPUT characters of output, and no `*` or `**` whose result would be larger.
+"""
 
 from __future__ import annotations
 
+import ctypes
 import datetime
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from functools import lru_cache
+from types import TracebackType
 from typing import Any, NoReturn
 
 from jinja2 import TemplateError
@@ -22,6 +31,69 @@ CHATML = (
 )
 
 
+RENDER_SECONDS = 5.0
+MAX_OUTPUT = 16 * 1024 * 1024  # characters of rendered prompt
+
+
+class RenderTimeout(Exception):
+    """Raised inside a rendering thread by the watchdog."""
+
+
+class _Watchdog:
+    """Raise RenderTimeout in this thread if the block runs past `seconds`."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._lock = threading.Lock()
+        self._done = False
+        self._fired = False
+        self._tid = threading.get_ident()
+        self._timer = threading.Timer(seconds, self._fire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Watchdog:
+        self._timer.start()
+        return self
+
+    def _fire(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._fired = True
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(self._tid), ctypes.py_object(RenderTimeout)
+            )
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._timer.cancel()
+        with self._lock:
+            self._done = True
+            if self._fired:  # fired after the block's last bytecode: take the exception back
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._tid), None)
+
+
+class _Bounded(ImmutableSandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "**":
+            if isinstance(right, int) and isinstance(left, int) and abs(right) > 256:
+                raise TemplateError(f"{left} ** {right} is too large to compute")
+            return left**right
+        for seq, times in ((left, right), (right, left)):
+            sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
+            if sized and len(seq) * times > MAX_OUTPUT:
+                raise TemplateError(
+                    f"a repetition of {len(seq)} items {times} times is over the {MAX_OUTPUT} limit"
+                )
+        return left * right
+
+
 def _raise(message: str) -> NoReturn:
     raise InvalidRequest(
         f"The model's chat template rejected the messages: {message}", param="messages"
@@ -34,7 +106,7 @@ def _strftime_now(fmt: str) -> str:
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> Any:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = _Bounded(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
@@ -46,17 +118,38 @@ def render(
     """The prompt text for `messages`, ending where the assistant's answer begins."""
     try:
         compiled = _compile(template or CHATML)
-        return str(
-            compiled.render(
-                messages=[{"role": m.role, "content": m.content} for m in messages],
-                add_generation_prompt=True,
-                bos_token=bos_token,
-                eos_token=eos_token,
+        with _Watchdog(RENDER_SECONDS):
+            return _bounded_text(
+                compiled.generate(
+                    messages=[{"role": m.role, "content": m.content} for m in messages],
+                    add_generation_prompt=True,
+                    bos_token=bos_token,
+                    eos_token=eos_token,
+                )
             )
-        )
     except InvalidRequest:
         raise
-    except TemplateError as exc:
+    except RenderTimeout:
         raise InvalidRequest(
-            f"The model's chat template failed to render: {exc}", param="messages"
+            f"The model's chat template did not finish rendering in {RENDER_SECONDS:.0f} s "
+            "(its loops may not end); the model file's template needs fixing",
+            param="messages",
+            code="template_failed",
         ) from None
+    except (TemplateError, RecursionError, MemoryError, OverflowError) as exc:
+        raise InvalidRequest(
+            f"The model's chat template failed to render: {exc}",
+            param="messages",
+            code="template_failed",
+        ) from None
+
+
+def _bounded_text(parts: Iterator[str]) -> str:
+    out: list[str] = []
+    size = 0
+    for part in parts:
+        size += len(part)
+        if size > MAX_OUTPUT:
+            raise TemplateError(f"its output passed {MAX_OUTPUT} characters")
+        out.append(part)
+    return "".join(out)

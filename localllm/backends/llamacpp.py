@@ -240,10 +240,13 @@ class LlamaCppModel:
         n_vocab = int(ll.llama_vocab_n_tokens(vocab))
         eog = set()
         digest = hashlib.sha256()
+        longest = 1
         for tok in range(n_vocab):
             if ll.llama_vocab_is_eog(vocab, tok):
                 eog.add(tok)
-            digest.update((b"\x00" if tok else b"") + (ll.llama_vocab_get_text(vocab, tok) or b""))
+            text = ll.llama_vocab_get_text(vocab, tok) or b""
+            longest = max(longest, len(text))
+            digest.update((b"\x00" if tok else b"") + text)
         raw_template = ll.llama_model_chat_template(self._model, None)
         fim_ids = (
             ll.llama_vocab_fim_pre(vocab),
@@ -270,6 +273,8 @@ class LlamaCppModel:
             vocab_fingerprint=digest.hexdigest()[:16],
             fim=fim,
             extra={"description": desc},
+            n_vocab=n_vocab,
+            max_token_bytes=longest,
         )
 
     # -- text ----------------------------------------------------------------------

@@ -208,6 +208,8 @@ class MlxModel:
             vocab_fingerprint=vocab_fingerprint(texts),
             fim=FimTokens(*fim) if fim else None,
             extra=extra,
+            n_vocab=size,
+            max_token_bytes=max((len(t.encode()) for t in texts), default=1),
         )
 
     def _post_processor_adds(self, bos_id: int | None) -> bool:

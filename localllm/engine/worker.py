@@ -12,13 +12,16 @@ loads it beside the default one (see `Engine`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import logging
+import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -44,12 +47,13 @@ from localllm.errors import (
     ContextOverflow,
     FimUnsupported,
     ImportFailed,
+    InvalidRequest,
     LocalLLMError,
     ModelLoadError,
     ModelTooLarge,
 )
 from localllm.models import fit
-from localllm.models.store import ModelStore
+from localllm.models.store import ModelStore, looks_like_path
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,9 @@ class Request:
     draft_model: str | None = None  # None: the setting's
     priority: str | None = None  # "high": ahead of others (see scheduler.py); None: normal
     deterministic: bool | None = None  # runs alone, exact prefixes only; None: the setting's
+    client: str = "local"  # who asked, for usage accounting: a key's name, "chat", ...
+    request_id: str | None = None  # the endpoint's id for the request (access log, metrics)
+    allow_paths: bool = True  # may `model` be a file or folder path (API: a setting)
 
 
 @dataclass(slots=True)
@@ -88,6 +95,8 @@ class _Job:
     backend: str | None = None  # with load_only: auto | llamacpp | mlx (None: as before)
     on_end: Callable[[], None] | None = None  # told once, when the job ends
     arrival: int = 0  # order of arrival at its model's scheduler
+    submitted: float = field(default_factory=time.monotonic)
+    prompt: tuple[list[int], int, int] | None = None  # fit_prompt's answer, once tokenized
 
     def end(self, item: Any = END) -> None:
         """The job's last item: END, or the error it failed with."""
@@ -112,10 +121,21 @@ class Resident:
     draft_for: str | None = None  # a draft model: the model it drafts for
     last_used: float = field(default_factory=time.monotonic)
     requests: int = 0
+    tokenizing: int = 0  # its requests whose prompts the tokenizer threads are reading
 
     def time_left(self, now: float) -> float | None:
         """Seconds until the keep-alive runs out (negative: it has); None: it never does."""
         return None if self.keep_alive is None else self.keep_alive - (now - self.last_used)
+
+
+@dataclass(frozen=True, slots=True)
+class _Tokenized:
+    """A tokenizer thread's answer for a job: its prompt, or the error it gives."""
+
+    job: _Job
+    res: Resident
+    prompt: tuple[list[int], int, int] | None
+    error: BaseException | None
 
 
 class Engine:
@@ -133,8 +153,9 @@ class Engine:
     def __init__(self, settings: Settings, store: ModelStore | None = None) -> None:
         self.settings = settings
         self.store = store or ModelStore.from_settings(settings)
-        self.state: State = "idle"
-        self.last_error: str | None = None
+        self.last_error: str | None = None  # the last failed load's message
+        self.dead: str | None = None  # set if the worker thread ever stops unasked
+        self._loading = False
         self._resident: dict[Path, Resident] = {}
         self._default: Resident | None = None
         self.cache = PromptCache(
@@ -148,7 +169,7 @@ class Engine:
             settings, self.store, load_draft=self._load_draft, unload_draft=self._unload_draft
         )
         self._backend = settings.backend  # the preference models load with
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: queue.Queue[_Job | _Tokenized | None] = queue.Queue()
         self._outstanding = 0
         self._lock = threading.Lock()
         self.totals = {
@@ -159,10 +180,28 @@ class Engine:
             "loads": 0,
             "unloads": 0,
         }
+        # told of each finished request (on the worker thread; keep them quick): the
+        # request, the model that answered, its final chunk and the seconds since submit
+        self.observers: list[Callable[[Request, str, Chunk, float], None]] = []
+        # prompts are rendered and tokenized here, not on the worker: a long or hostile
+        # prompt delays only the requests behind it, never the streams that are decoding
+        self._tokenizers = ThreadPoolExecutor(2, thread_name_prefix="localllm-tokenize")
         self._thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
         self._thread.start()
 
     # -- information -------------------------------------------------------------
+    @property
+    def state(self) -> State:
+        """ready while a default model serves (a failed on-demand load does not change
+        that); error when the worker died or the only load failed; else loading or idle."""
+        if self.dead is not None or not self._thread.is_alive():
+            return "error"
+        if self._default is not None:
+            return "ready"
+        if self._loading:
+            return "loading"
+        return "error" if self.last_error else "idle"
+
     @property
     def model_info(self) -> ModelInfo | None:
         """The default model's description."""
@@ -279,9 +318,13 @@ class Engine:
         return res
 
     def _keep_alive(self, seconds: float | None) -> float | None:
-        """A keep-alive in seconds (the setting's when None); negative: forever."""
+        """A keep-alive in seconds (the setting's when None); negative: forever. Not a
+        number or infinite counts as forever too (the wire and the config refuse those
+        first)."""
         value = self.settings.keep_alive_s if seconds is None else seconds
-        return None if value < 0 else float(value)
+        if value < 0 or not math.isfinite(value):
+            return None
+        return float(value)
 
     def _load(
         self, ref: ModelRef, progress: Callable[[float], None] | None, n_ctx: int | None
@@ -289,7 +332,7 @@ class Engine:
         n = n_ctx or self.settings.n_ctx
         need = self._with_parallel(self._estimate(ref, n))
         self._make_room(need)
-        self.state = "loading"
+        self._loading = True
         options = LoadOptions(
             n_ctx=n,
             n_threads=self.settings.n_threads,
@@ -300,11 +343,14 @@ class Engine:
         try:
             model, reason, target = self._load_with_backend(ref, options)
         except LocalLLMError as exc:
-            self.state, self.last_error = "error", exc.message
+            self.last_error = exc.public_message  # /health is open to any local client
             raise
         except Exception as exc:  # a native library failing in an unexpected way
-            self.state, self.last_error = "error", str(exc)
-            raise ModelLoadError(str(ref.path), str(exc)) from exc
+            error = ModelLoadError(str(ref.path), str(exc))
+            self.last_error = error.public_message
+            raise error from exc
+        finally:
+            self._loading = False
         extra = {**model.info.extra, "backend_reason": reason}
         model.info = dataclasses.replace(model.info, id=ref.name, extra=extra)
         key = model_key(target, model, _kv_type(model.info))
@@ -312,7 +358,7 @@ class Engine:
         res.scheduler = self._scheduler(res)
         self._resident[ref.path] = res
         self.totals["loads"] += 1
-        self.state, self.last_error = "ready", None
+        self.last_error = None
         log.info(
             "loaded %s on %s (%s): %s; needs %s",
             ref.name,
@@ -427,7 +473,7 @@ class Engine:
         soonest: float | None = None
         for res in list(self._resident.values()):
             left = res.time_left(now)
-            if res is self._default or left is None or res.scheduler.busy:
+            if res is self._default or left is None or res.scheduler.busy or res.tokenizing:
                 continue
             if left <= 0:
                 log.info("%s idle for %.0f s: unloading", res.ref.name, now - res.last_used)
@@ -499,11 +545,21 @@ class Engine:
         for res in list(self._resident.values()):
             if request.model in (res.ref.name, str(res.ref.path)):
                 return res.ref  # a loaded model, whatever the store would make of its name
-        return self.store.resolve(request.model)
+        if not request.allow_paths and looks_like_path(request.model):
+            # said the same whether or not the path exists: nothing about the disk leaks
+            raise InvalidRequest(
+                "Model paths are not accepted over the API; name a model from "
+                "`localllm list`, or set allow_model_paths = true in the server's config.",
+                param="model",
+                code="model_path_not_allowed",
+            )
+        return self.store.resolve(request.model, paths=request.allow_paths)
 
     def _enqueue(self, job: _Job) -> None:
         from localllm.errors import ServerBusy
 
+        if self.dead is not None:
+            raise LocalLLMError(f"the engine stopped: {self.dead}; restart localllm")
         with self._lock:
             if self._outstanding >= self.settings.max_queue:
                 raise ServerBusy(self._outstanding, self.settings.max_queue)
@@ -546,30 +602,79 @@ class Engine:
     # -- the worker thread ---------------------------------------------------------
     def _run(self) -> None:
         pause = CollectionPause()
-        while True:
-            busy = [r for r in list(self._resident.values()) if r.scheduler.busy]
+        try:
+            while self._turn(pause):
+                pass
+        except BaseException as exc:  # a bug: say so everywhere rather than hang
+            log.exception("the engine's worker stopped")
+            self.dead = f"{type(exc).__name__}: {exc}"
+            self._fail_queued()
+        finally:
+            pause.release()
+            for res in list(self._resident.values()):
+                with _logged("unloading " + res.ref.name):
+                    self._unload(res)  # saves each live state to disk for the next start
+            self.speculation.close()
+            self._tokenizers.shutdown(wait=False, cancel_futures=True)
+
+    def _turn(self, pause: CollectionPause) -> bool:
+        """One pass of the worker: take waiting jobs, or step every busy model once.
+        False when asked to stop."""
+        busy = [r for r in list(self._resident.values()) if r.scheduler.busy]
+        try:
+            # with requests running, only look for new ones; idle, unload what has
+            # expired and sleep until a job comes or the next model expires
+            job = self._jobs.get_nowait() if busy else self._jobs.get(timeout=self._idle_wait())
+        except queue.Empty:
+            job = _NO_JOB
+        if job is None:
+            return False
+        if isinstance(job, _Tokenized):
+            self._tokenized(job)
+            return True
+        if job is not _NO_JOB:
             try:
-                # with requests running, only look for new ones; idle, unload what has
-                # expired and sleep until a job comes or the next model expires
-                job = self._jobs.get_nowait() if busy else self._jobs.get(timeout=self._expire())
-            except queue.Empty:
-                job = _NO_JOB
-            if job is None:
-                break
-            if job is not _NO_JOB:
                 self._accept(job)
-                continue  # take every job that is waiting before the next step
-            pause.hold()  # while any model decodes (see CollectionPause)
-            for res in busy:
-                self._step(res)
-            if not any(r.scheduler.busy for r in self._resident.values()):
-                pause.release()  # before the last request hears it has ended
-            for res in busy:
-                res.scheduler.flush()
-        pause.release()
+            except BaseException as exc:  # the worker is going down: this job hears why
+                with _logged("ending the job in hand"):
+                    job.end(LocalLLMError(f"the engine stopped: {type(exc).__name__}: {exc}"))
+                raise
+            return True  # take every job that is waiting before the next step
+        pause.hold()  # while any model decodes (see CollectionPause)
+        for res in busy:
+            self._step(res)
+        if not any(r.scheduler.busy for r in self._resident.values()):
+            pause.release()  # before the last request hears it has ended
+        for res in busy:
+            res.scheduler.flush()
+        return True
+
+    def _idle_wait(self) -> float:
+        """Seconds to sleep while idle: until the next keep-alive expiry, at most an hour
+        (a keep-alive is bounded where it is set; this bound keeps the wait a valid timeout
+        whatever it is)."""
+        try:
+            soonest = self._expire()
+        except Exception:
+            log.exception("unloading idle models failed")
+            return IDLE_WAIT_MAX_S
+        return IDLE_WAIT_MAX_S if soonest is None else min(max(soonest, 0.0), IDLE_WAIT_MAX_S)
+
+    def _fail_queued(self) -> None:
+        error = LocalLLMError(f"the engine stopped: {self.dead}; restart localllm")
         for res in list(self._resident.values()):
-            self._unload(res)  # saves each live state to disk: a restart picks it up again
-        self.speculation.close()
+            with _logged("ending the requests of " + res.ref.name):
+                res.scheduler.cancel_all(error)
+        while True:
+            try:
+                item = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            job = item.job if isinstance(item, _Tokenized) else item
+            if job is not None:
+                with _logged("ending a queued request"):
+                    job.on_end = job.on_end or self._ended
+                    job.end(error)
 
     def _accept(self, job: _Job) -> None:
         """A new job: a load now, or a request handed to its model's scheduler."""
@@ -593,12 +698,46 @@ class Engine:
             job.ref = res.ref
             job.request = dataclasses.replace(request, deterministic=self._deterministic(request))
             res.requests += 1
-            res.scheduler.add(job)
+            if job.prompt is not None:
+                res.scheduler.add(job)
+                return
+            res.tokenizing += 1
+            self._tokenizers.submit(self._tokenize, job, res)
         except LocalLLMError as exc:
             job.end(exc)
         except Exception as exc:  # never let the worker die; the caller gets a typed error
             log.exception("request failed")
             job.end(LocalLLMError(f"internal error: {exc}"))
+
+    def _tokenize(self, job: _Job, res: Resident) -> None:
+        """On a tokenizer thread: the job's prompt tokens, handed back to the worker."""
+        try:
+            if job.cancel.is_set():
+                raise _Abandoned
+            request, info = job.request, res.model.info
+            if request.prompt_tokens is not None:
+                check_token_ids(info, request.prompt_tokens)
+            self._jobs.put(_Tokenized(job, res, fit_prompt(res.model, request), None))
+        except BaseException as exc:
+            self._jobs.put(_Tokenized(job, res, None, exc))
+
+    def _tokenized(self, item: _Tokenized) -> None:
+        job, res = item.job, item.res
+        res.tokenizing -= 1
+        error = item.error
+        if isinstance(error, _Abandoned) or job.cancel.is_set():
+            end_unstarted(job, res.ref.name)
+            job.end()
+        elif isinstance(error, LocalLLMError):
+            job.end(error)
+        elif error is not None:
+            log.error("tokenizing a prompt failed", exc_info=error)
+            job.end(LocalLLMError(f"internal error: {error}"))
+        elif res not in self._resident.values():  # unloaded meanwhile: load it again
+            self._accept(job)
+        else:
+            job.prompt = item.prompt
+            res.scheduler.add(job)
 
     def _ended(self) -> None:
         with self._lock:
@@ -618,7 +757,7 @@ class Engine:
 
         def admit(job: _Job) -> Admission:
             request = job.request
-            tokens, dropped, before = fit_prompt(model, request)
+            tokens, dropped, before = job.prompt or fit_prompt(model, request)
             check_request(len(tokens), model.info.n_ctx, request.params)
             started = Started(res.ref.name, len(tokens), dropped, before)
             exact = bool(request.deterministic)  # the setting's when the request is silent
@@ -642,6 +781,10 @@ class Engine:
             self.totals["generated_tokens"] += stats.generated_tokens
             self.totals["cancelled"] += final.finish_reason == "cancelled"
             self.cache.finished(key, run.seq, stats.cached_tokens)
+            seconds = time.monotonic() - job.submitted
+            for observe in self.observers:
+                with _logged("a request observer"):
+                    observe(job.request, res.ref.name, final, seconds)
             if run.started is not None:
                 job.emit(run.started)
             job.emit(final)
@@ -662,11 +805,28 @@ class Engine:
             out["active"] += len(rows)
             out["queued"] += len(res.scheduler.waiting)
             out["requests"] += [{"model": res.ref.name, **row} for row in rows]
+            out["queued"] += res.tokenizing
         out["queued"] += self._jobs.qsize()
         return out
 
 
 _NO_JOB: Any = object()
+
+
+class _Abandoned(Exception):
+    """The client left before its prompt was tokenized."""
+
+
+IDLE_WAIT_MAX_S = 3600.0
+
+
+@contextlib.contextmanager
+def _logged(what: str) -> Iterator[None]:
+    """Log an exception from `what` and go on (cleanup that must reach its end)."""
+    try:
+        yield
+    except Exception:
+        log.exception("%s failed", what)
 
 
 class CollectionPause:
@@ -696,17 +856,35 @@ class CollectionPause:
 
 def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, int]:
     """The prompt tokens, and how many messages the truncate-oldest policy dropped to fit
-    (with the length before); ContextOverflow when it does not fit and may not be cut."""
+    (with the length before); ContextOverflow when it does not fit and may not be cut.
+
+    A prompt that cannot fit whatever it tokenizes to (more bytes than the context's
+    tokens times the longest token, or more messages than tokens) is refused, or under
+    truncate-oldest cut, before any of it is tokenized: a hostile body costs no
+    tokenizer time."""
     n_ctx = model.info.n_ctx
-    tokens = render_prompt(model, request)
-    if len(tokens) < n_ctx:
-        return tokens, 0, 0
     messages = list(request.messages or [])
-    if request.context_policy != "truncate-oldest" or not messages:
-        raise ContextOverflow(len(tokens), n_ctx)
-    before, dropped = len(tokens), 0
+    least = least_tokens(model.info, request.prompt, request.suffix, messages)
+    cut = request.context_policy == "truncate-oldest" and len(messages) > 1
+    if least >= n_ctx and not cut:
+        raise ContextOverflow(least, n_ctx, at_least=True)
+    least_before = least  # what a cut reports as the length before (a lower bound)
     system = [m for m in messages[:1] if m.role == "system"]
     rest = messages[len(system) :]
+    dropped = 0
+    while least >= n_ctx and len(rest) > 1:  # cut by the bound first, without tokenizing
+        rest, dropped = rest[1:], dropped + 1
+        least = least_tokens(model.info, None, None, [*system, *rest])
+    if least >= n_ctx:
+        raise ContextOverflow(least, n_ctx, at_least=True)
+    if dropped:
+        request = dataclasses.replace(request, messages=[*system, *rest])
+    tokens = render_prompt(model, request)
+    if len(tokens) < n_ctx:
+        return tokens, dropped, least_before if dropped else 0
+    if not cut:
+        raise ContextOverflow(len(tokens), n_ctx)
+    before = len(tokens)
     while len(rest) > 1:
         rest = rest[1:]
         dropped += 1
@@ -717,6 +895,32 @@ def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, in
             log.info("dropped the %d oldest messages to fit %d tokens", dropped, n_ctx)
             return tokens, dropped, before
     raise ContextOverflow(len(tokens), n_ctx)
+
+
+def least_tokens(
+    info: ModelInfo, prompt: str | None, suffix: str | None, messages: Sequence[Message]
+) -> int:
+    """A lower bound on a prompt's length in tokens, from its size alone: no token covers
+    more bytes than the vocabulary's longest, and each message is at least one token."""
+    per = info.max_token_bytes
+    if per <= 0:
+        return 0
+    size = sum(len(m.content.encode()) for m in messages)
+    size += len((prompt or "").encode()) + len((suffix or "").encode())
+    return max(-(-size // per), len(messages))
+
+
+def check_token_ids(info: ModelInfo, tokens: Sequence[int]) -> None:
+    """InvalidRequest naming the first prompt token id outside the model's vocabulary."""
+    if info.n_vocab <= 0:
+        return
+    for i, tok in enumerate(tokens):
+        if not 0 <= tok < info.n_vocab:
+            raise InvalidRequest(
+                f"prompt token {tok} at position {i} is not in the vocabulary of {info.id} "
+                f"(ids 0 to {info.n_vocab - 1})",
+                param="prompt",
+            )
 
 
 def _kv_type(info: ModelInfo) -> str:

@@ -19,7 +19,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -171,8 +170,12 @@ def import_gguf(
 
         raise BackendUnavailable("mlx", backend_hint("mlx")) from None
 
-    models_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=models_dir))
+    from localllm.models.quantize import CONVERT_PREFIX, staging_dir, sweep_stale
+
+    sweep_stale(models_dir)  # a killed conversion's leftovers
+    staging = staging_dir(models_dir, CONVERT_PREFIX, target.name)
+    tmp = staging / "model"
+    tmp.mkdir()
     try:
         report(0.05)
         try:
@@ -203,9 +206,8 @@ def import_gguf(
             },
         )
         os.replace(tmp, target)  # the store sees the model only now, complete
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     report(1.0)
     return target
 

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from localllm.backends.base import ModelRef, default_n_ctx
-from localllm.errors import LocalLLMError, ModelTooLarge
+from localllm.errors import DamagedModel, LocalLLMError, ModelTooLarge
 from localllm.hardware import available_memory, gpu_free_memory
 from localllm.models.gguf import ModelMeta, format_bytes, read_meta
 
@@ -110,9 +110,12 @@ def from_meta(
 
 
 def estimate(ref: ModelRef, n_ctx: int | None = None, *, kv_scale: int = 1) -> Estimate:
-    """The estimate for a local model, from its header (no weights are read)."""
+    """The estimate for a local model, from its header (no weights are read). A damaged
+    header is refused here, before any backend reads the file."""
     try:
         meta: ModelMeta | None = read_meta(ref.path, ref.format)
+    except DamagedModel:
+        raise
     except LocalLLMError:
         meta = None
     return from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)

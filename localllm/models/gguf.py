@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localllm.errors import ModelLoadError
+from localllm.errors import DamagedModel, ModelLoadError
 
 log = logging.getLogger(__name__)
 
@@ -96,20 +96,26 @@ class _Header:
         return raw.decode("utf-8", "replace")
 
     def value(self, vtype: int, *, keep: bool = True) -> Any:
-        import gguf
-
-        t = gguf.GGUFValueType
-        if vtype == t.STRING:
+        if vtype == _STRING:
             return self.string() if keep else self.skip_string()
-        if vtype == t.ARRAY:
+        if vtype == _ARRAY:
             etype, count = self.take("<I"), self.take("<Q")
+            left = len(self.data) - self.pos
+            if count > left:  # every element takes at least a byte
+                raise ValueError(f"an array of {count} entries in the {left} bytes left")
+            if etype == _ARRAY:
+                raise ValueError("an array of arrays (no metadata localllm reads has one)")
             if not keep:
                 if etype in _SCALARS:
                     self.pos += struct.calcsize(_SCALARS[etype]) * count
+                    if self.pos > len(self.data):
+                        raise ValueError("an array runs past the end of the file")
                 else:
                     for _ in range(count):
                         self.value(etype, keep=False)
                 return None
+            if count > MAX_ARRAY:
+                raise ValueError(f"an array of {count} entries (at most {MAX_ARRAY} are read)")
             return [self.value(etype) for _ in range(count)]
         fmt = _SCALARS.get(vtype)
         if fmt is None:
@@ -118,6 +124,12 @@ class _Header:
 
     def skip_string(self) -> None:
         self.pos += 8 + struct.unpack_from("<Q", self.data, self.pos)[0]
+        if self.pos > len(self.data):
+            raise ValueError("string runs past the end of the file")
+
+
+_STRING, _ARRAY = 8, 9  # gguf.GGUFValueType.STRING / ARRAY
+MAX_ARRAY = 1 << 20  # entries of a kept array (a vocabulary): more is a damaged file
 
 
 _SCALARS = {
@@ -133,8 +145,6 @@ _SCALARS = {
     11: "<q",
     12: "<d",
 }
-# big arrays nobody here needs: skipped without building Python objects
-_SKIP = ("tokenizer.ggml.merges", "tokenizer.ggml.scores", "tokenizer.ggml.token_type")
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,13 +167,16 @@ def _parse(data: memoryview) -> tuple[dict[str, Any], list[_Tensor], int]:
         raise ValueError(f"GGUF version {version} is too old (2 or newer is supported)")
     n_tensors, n_kv = h.take("<Q"), h.take("<Q")
     fields: dict[str, Any] = {}
+    arch = ""
     for _ in range(n_kv):
         key = h.string()
         vtype = h.take("<I")
-        keep = key not in _SKIP
+        keep = _wanted(key, arch)
         value = h.value(vtype, keep=keep)
         if keep:
             fields[key] = value
+            if key == "general.architecture" and isinstance(value, str):
+                arch = value
     tensors = []
     for _ in range(n_tensors):
         name = h.string()
@@ -174,8 +187,48 @@ def _parse(data: memoryview) -> tuple[dict[str, Any], list[_Tensor], int]:
             count *= d
         ttype = h.take("<I")
         tensors.append(_Tensor(name, count, dims[0] if dims else 1, ttype, h.take("<Q")))
-    align = int(fields.get("general.alignment") or 32)
+    align = _typed(fields, "general.alignment", int, 32)
+    if align < 1 or align & (align - 1):
+        raise ValueError(f"general.alignment is {align}, not a power of two")
     return fields, tensors, -(-h.pos // align) * align
+
+
+def _wanted(key: str, arch: str) -> bool:
+    """The metadata localllm reads; everything else is skipped without building objects
+    (a file may carry arrays of any size)."""
+    if key.startswith("general."):
+        return True
+    if arch and key.startswith(arch + "."):
+        return True
+    return key in _KEEP or (key.startswith("tokenizer.ggml.") and key.endswith("_token_id"))
+
+
+_KEEP = ("tokenizer.ggml.tokens", "tokenizer.chat_template")
+
+
+def _typed(fields: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    """A metadata value of the type it must have, or ValueError naming the key."""
+    value = fields.get(key)
+    if value is None:
+        return default
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int):
+        ok = True
+    if not ok:
+        raise ValueError(f"{key} is {_kind(value)}, expected {_KIND_NAMES.get(kind, kind)}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    return {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}.get(
+        type(value), type(value).__name__
+    )
+
+
+_KIND_NAMES = {int: "an integer", str: "a string", list: "a list", float: "a number"}
+MAX_CTX = 2**31 - 1
 
 
 def _type_name(ttype: int) -> str:
@@ -255,32 +308,49 @@ def read_gguf(path: Path) -> GGUFMeta:
                 fields, tensors, data_start = _parse(view)
             finally:
                 view.release()
+        return _meta(path, fields, tensors, data_start)
     except (ValueError, struct.error, OSError, UnicodeDecodeError) as exc:
-        raise ModelLoadError(str(path), f"damaged GGUF header ({exc})") from None
-    arch = str(fields.get("general.architecture") or "unknown")
+        raise DamagedModel(str(path), f"damaged GGUF header ({exc})") from None
+
+
+def _meta(path: Path, fields: dict[str, Any], tensors: list[_Tensor], data_start: int) -> GGUFMeta:
+    """The header's description, each value checked for its type and range."""
+    arch = _typed(fields, "general.architecture", str, "unknown")
 
     def arch_int(key: str, default: int = 0) -> int:
-        v = fields.get(f"{arch}.{key}")
+        full = f"{arch}.{key}"
+        v = fields.get(full)
         if isinstance(v, list):  # per-layer arrays: the first layer describes the model
             v = v[0] if v else default
-        return int(v) if v is not None else default
+        if v is None:
+            return default
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{full} is {_kind(v)}, expected an integer")
+        if not 0 <= v <= MAX_CTX:
+            raise ValueError(f"{full} is {v}, out of range (0 to {MAX_CTX})")
+        return v
 
-    tokens = fields.get("tokenizer.ggml.tokens") or []
+    tokens = _typed(fields, "tokenizer.ggml.tokens", list, [])
+    if not all(isinstance(t, str) for t in tokens):
+        raise ValueError("tokenizer.ggml.tokens has entries that are not strings")
+    template = _typed(fields, "tokenizer.chat_template", str, None)
+    name = _typed(fields, "general.name", str, path.stem)
+    file_type = _typed(fields, "general.file_type", int, None)
     n_head = arch_int("attention.head_count")
     return GGUFMeta(
         path=path,
         file_size=path.stat().st_size,
         arch=arch,
-        name=str(fields.get("general.name") or path.stem),
+        name=name or path.stem,
         params=sum(t.count for t in tensors),
-        quant=_quant_name(fields.get("general.file_type"), [t.ttype for t in tensors]),
+        quant=_quant_name(file_type, [t.ttype for t in tensors]),
         n_ctx_train=arch_int("context_length"),
         n_layers=arch_int("block_count"),
         n_embd=arch_int("embedding_length"),
         n_head=n_head,
         n_head_kv=arch_int("attention.head_count_kv", n_head),
         vocab_size=len(tokens),
-        chat_template=fields.get("tokenizer.chat_template"),
+        chat_template=template,
         fim_ids=_fim_ids(fields, tokens),
         vocab_fingerprint=vocab_fingerprint(tokens),
         tensor_types=tuple((t.name, _type_name(t.ttype)) for t in tensors),

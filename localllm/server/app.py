@@ -7,12 +7,19 @@ import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from localllm import __version__
 from localllm.config import Settings
+from localllm.engine.accounting import Accounting
 from localllm.engine.worker import Engine
 from localllm.server.errors import install_error_handlers
+from localllm.server.guard import Guard, origin_pattern
+from localllm.server.metrics import Telemetry
+from localllm.server.openapi import install_openapi
 from localllm.server.protocol import error_body
 from localllm.server.routes_openai import router
 
@@ -80,12 +87,46 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def create_app(settings: Settings, engine: Engine) -> FastAPI:
-    """The endpoint over `engine`; the caller owns the engine's lifetime."""
+def create_app(settings: Settings, engine: Engine, accounting: Accounting | None = None) -> FastAPI:
+    """The endpoint over `engine`; the caller owns the engine's and accounting's lifetime.
+    With `accounting`, its keys guard every route but /health and usage is counted."""
     app = FastAPI(title="localllm", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.engine = engine
     app.state.settings = settings
     install_error_handlers(app)
     app.include_router(router)
+    install_openapi(app)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics(request: Request) -> Response:
+        registry = request.app.state.telemetry.registry
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    # the paths metrics are labelled with (FastAPI may keep an included router's routes
+    # behind one entry of app.routes, so they are read from the router)
+    routes = {str(getattr(r, "path", "")) for r in [*router.routes, *app.routes]}
+    telemetry = Telemetry(engine, routes)
+    app.state.telemetry = telemetry
+    # added last = outermost: the guard sees each request first
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(
+        CORSMiddleware,
+        allow_origin_regex=origin_pattern(settings.allowed_origins),
+        allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
+        allow_headers=["*"],
+        expose_headers=["X-Request-Id", "Retry-After"],
+        max_age=600,
+    )
+    posts = {
+        str(getattr(r, "path", ""))
+        for r in [*router.routes, *app.routes]
+        if "POST" in (getattr(r, "methods", None) or ())
+    }
+    app.add_middleware(
+        Guard,
+        settings=settings,
+        accounting=accounting,
+        on_done=telemetry.finish,
+        json_paths=posts,
+    )
     return app

@@ -29,7 +29,9 @@ def error_response(
 
 def local_error_response(exc: LocalLLMError) -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, ServerBusy) else None
-    return error_response(exc.status, exc.message, exc.error_type, exc.param, exc.code, headers)
+    return error_response(
+        exc.status, exc.public_message, exc.error_type, exc.param, exc.code, headers
+    )
 
 
 def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
@@ -55,13 +57,15 @@ def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LocalLLMError)
     async def _local(_: Request, exc: LocalLLMError) -> JSONResponse:
-        if exc.status >= 500:
+        if exc.status >= 500 or exc.public_message != exc.message:
             log.error("%s", exc.message)
         return local_error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
+        # a union (str | list[str] | list[int]) fails once per branch: say the specific
+        # failure (a bound, a bad character) before "should be a valid string"
+        errors = sorted(exc.errors(), key=lambda e: str(e.get("type", "")).endswith("_type"))
         message, field = _describe(errors[0]) if errors else ("invalid request", None)
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem(s))"
@@ -75,7 +79,14 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return error_response(exc.status_code, str(exc.detail), "invalid_request_error", None, code)
+        return error_response(
+            exc.status_code,
+            str(exc.detail),
+            "invalid_request_error",
+            None,
+            code,
+            headers=dict(exc.headers or {}),  # a 405's Allow
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:

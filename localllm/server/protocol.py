@@ -7,30 +7,59 @@ must be cheap.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from localllm.backends.base import Chunk, FinishReason, GenerationStats, Message, SamplingParams
+from localllm.config import MAX_KEEP_ALIVE_S
 
 MAX_STOP_STRINGS = 16
+MAX_NAME_BYTES = 255  # a model or draft model name
+MAX_TOKEN_ID = 2**31 - 1  # token ids are int32 in both backends
+
+
+def _unicode(text: str) -> str:
+    """Refuse a lone UTF-16 surrogate (JSON allows "\\ud800"; no tokenizer can encode it)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"the text has a lone UTF-16 surrogate (U+{ord(text[exc.start]):04X}) at character "
+            f"{exc.start}, which is not valid Unicode"
+        ) from None
+    return text
+
+
+def _name(text: str) -> str:
+    size = len(_unicode(text).encode())
+    if size > MAX_NAME_BYTES:
+        raise ValueError(f"a model name is at most {MAX_NAME_BYTES} bytes, got {size}")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+Name = Annotated[str, AfterValidator(_name)]
+TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 
 
 class _Wire(BaseModel):
     # Clients send many optional OpenAI fields (user, logprobs=false, ...): ignore unknown keys.
-    model_config = ConfigDict(extra="ignore")
+    # Strict types: 0 is not false and false is not a token id (integers still pass as floats).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class TextPart(_Wire):
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(_Wire):
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def to_message(self) -> Message:
         if isinstance(self.content, list):
@@ -45,7 +74,8 @@ _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 def parse_duration(value: str) -> float:
-    """Seconds from a duration such as "90s", "5m", "1h" or a bare number "-1"."""
+    """Seconds from a duration such as "90s", "5m", "1h" or a bare number "-1" (not yet
+    checked for range: see `check_keep_alive`)."""
     text = value.strip().lower()
     for unit in sorted(_UNITS, key=len, reverse=True):
         if text.endswith(unit):
@@ -61,12 +91,27 @@ def parse_duration(value: str) -> float:
         ) from None
 
 
+def check_keep_alive(seconds: float) -> float:
+    """A keep-alive in seconds within range: negative means forever (any negative number
+    is kept as -1), at most MAX_KEEP_ALIVE_S otherwise; not a number or infinite: refused."""
+    if not math.isfinite(seconds):
+        raise ValueError(f"keep_alive must be a finite number of seconds, got {seconds}")
+    if seconds < 0:
+        return -1.0
+    if seconds > MAX_KEEP_ALIVE_S:
+        raise ValueError(
+            f"keep_alive is at most {MAX_KEEP_ALIVE_S} s (366 days; a negative value keeps "
+            f"the model loaded for good), got {seconds:.0f} s"
+        )
+    return seconds
+
+
 class StreamOptions(_Wire):
     include_usage: bool = False
 
 
 class SamplingFields(_Wire):
-    model: str | None = None
+    model: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
@@ -76,14 +121,14 @@ class SamplingFields(_Wire):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     n: int | None = Field(default=None, ge=1)
     # extension: how long an on-demand model stays loaded after this request, like
     # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
     keep_alive: float | None = None
     # extension: speculative decoding for this request, and its draft model
     speculate: Literal["off", "lookup", "draft", "auto"] | None = None
-    draft_model: str | None = None
+    draft_model: Name | None = None
     # extension: "high" runs ahead of other requests (autocomplete, an interactive client)
     priority: Literal["high", "normal"] | None = None
     # extension: run alone, output independent of the prompt cache and other clients
@@ -101,8 +146,13 @@ class SamplingFields(_Wire):
 
     @field_validator("keep_alive", mode="before")
     @classmethod
-    def _check_keep_alive(cls, v: object) -> object:
+    def _parse_keep_alive(cls, v: object) -> object:
         return parse_duration(v) if isinstance(v, str) else v  # numbers: pydantic checks
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _check_keep_alive(cls, v: float | None) -> float | None:
+        return None if v is None else check_keep_alive(v)
 
     @field_validator("stop")
     @classmethod
@@ -144,14 +194,16 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int]
-    suffix: str | None = None
+    prompt: Text | list[Text] | list[TokenId]
+    suffix: Text | None = None
     echo: bool = False
 
     @field_validator("prompt")
     @classmethod
     def _one_prompt(cls, v: str | list[str] | list[int]) -> str | list[str] | list[int]:
-        if isinstance(v, list) and v and isinstance(v[0], str) and len(v) != 1:
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is an empty list; send a string or token ids")
+        if isinstance(v, list) and isinstance(v[0], str) and len(v) != 1:
             raise ValueError(f"exactly one prompt is supported, got {len(v)}")
         return v
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -24,6 +25,25 @@ def _engine(request: Request) -> Engine:
     return engine
 
 
+async def _cancel_on_disconnect(stream: ChunkStream, request: Request) -> None:
+    """Cancel the generation when the client goes away (so a request that waits in the
+    queue is dropped before its prompt is read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    stream.cancel()
+
+
+def _who(request: Request) -> dict[str, Any]:
+    """The engine request's fields that say who asked (from the guard) and what it may name."""
+    settings: Settings = request.app.state.settings
+    state = request.scope.get("state", {})
+    return {
+        "client": state.get("client", "anonymous"),
+        "request_id": state.get("request_id"),
+        "allow_paths": settings.allow_model_paths,
+    }
+
+
 async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
     """Gather a whole answer; cancel the generation if the client goes away meanwhile.
 
@@ -32,12 +52,7 @@ async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
     client's disconnect message and cancels the generation.
     """
 
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        stream.cancel()
-
-    watcher = asyncio.create_task(watch())
+    watcher = asyncio.create_task(_cancel_on_disconnect(stream, request))
     parts: list[str] = []
     final: Chunk | None = None
     try:
@@ -72,11 +87,14 @@ async def _respond(
 ) -> JSONResponse | StreamingResponse:
     """Run a request; answer with one JSON body or an SSE stream in `kind`'s wire shape."""
     stream = _engine(request).submit(req)
+    watcher = asyncio.create_task(_cancel_on_disconnect(stream, request))
     try:
         started = await stream.started()  # errors before the first token keep their status
     except BaseException:
         stream.cancel()
         raise
+    finally:
+        watcher.cancel()
     shapes = kind(started.model, started.prompt_tokens)
     if started.dropped_messages:
         shapes.truncated = {
@@ -106,6 +124,7 @@ async def chat_completions(
         model=body.model,
         context_policy=policy,
         **body.extensions(),
+        **_who(request),
     )
     return await _respond(request, body, req, wire.ChatShapes)
 
@@ -122,6 +141,7 @@ async def completions(
             prompt_tokens=tokens,
             model=body.model,
             **body.extensions(),
+            **_who(request),
         )
     else:
         text = prompt[0] if isinstance(prompt, list) else prompt
@@ -131,6 +151,7 @@ async def completions(
             suffix=body.suffix,
             model=body.model,
             **body.extensions(),
+            **_who(request),
         )
     return await _respond(request, body, req, wire.TextShapes)
 
@@ -158,6 +179,10 @@ async def health(request: Request) -> JSONResponse:
         "prompt_cache": engine.cache.stats(),
         "models": engine.resident(),
     }
-    if engine.last_error:
+    if engine.dead is not None:
+        body["error"] = f"the engine stopped: {engine.dead}; restart localllm"
+    elif engine.last_error and engine.state == "ready":
+        body["last_load_error"] = engine.last_error  # another model failed; this one serves
+    elif engine.last_error:
         body["error"] = engine.last_error
     return JSONResponse(body, status_code=200 if engine.state == "ready" else 503)

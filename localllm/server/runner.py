@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import math
 import socket
 import threading
 from types import FrameType
@@ -12,6 +14,7 @@ from types import FrameType
 import uvicorn
 
 from localllm.config import Settings
+from localllm.engine.accounting import Accounting
 from localllm.engine.worker import Engine
 from localllm.errors import ConfigError
 from localllm.server.app import create_app
@@ -73,13 +76,35 @@ class QuietServer(uvicorn.Server):
                 loop.call_soon_threadsafe(wake.set)
 
 
-def make_server(settings: Settings, engine: Engine) -> QuietServer:
-    debug = settings.log_level in ("debug", "info")
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_exposure(settings: Settings, accounting: Accounting) -> None:
+    """ConfigError when the endpoint would listen beyond this machine with no API key."""
+    if is_loopback(settings.host) or settings.no_auth or accounting.list_keys():
+        return
+    raise ConfigError(
+        f"Listening on {settings.host} lets other machines use the model, and no API key "
+        "is configured. Add one with `localllm keys add NAME` (clients then send "
+        "'Authorization: Bearer KEY'), or pass --no-auth to serve without keys."
+    )
+
+
+def make_server(settings: Settings, engine: Engine, accounting: Accounting) -> QuietServer:
+    """The endpoint's server. On SIGTERM or Ctrl-C it stops taking requests and gives the
+    running ones `drain_s` seconds to finish; then it cancels them."""
     config = uvicorn.Config(
-        create_app(settings, engine),
+        create_app(settings, engine, accounting),
         log_level=settings.log_level,
-        access_log=debug,
+        access_log=False,  # localllm.access writes one JSON line per request instead
         lifespan="off",
+        timeout_graceful_shutdown=max(1, math.ceil(settings.drain_s)),
     )
     return QuietServer(config)
 
@@ -87,18 +112,19 @@ def make_server(settings: Settings, engine: Engine) -> QuietServer:
 class BackgroundEndpoint:
     """The endpoint on its own thread and event loop, sharing the caller's engine."""
 
-    def __init__(self, settings: Settings, engine: Engine) -> None:
+    def __init__(self, settings: Settings, engine: Engine, accounting: Accounting) -> None:
         self.settings = settings
         self.url = settings.base_url()
         self.error: str | None = None
         self._server: QuietServer | None = None
         self._thread: threading.Thread | None = None
         try:
+            check_exposure(settings, accounting)
             sock = bind(settings.host, settings.port)
         except ConfigError as exc:
             self.error = exc.message
             return
-        self._server = make_server(settings, engine)
+        self._server = make_server(settings, engine, accounting)
         server = self._server
         self._thread = threading.Thread(
             target=lambda: server.run(sockets=[sock]), name="localllm-endpoint", daemon=True

@@ -29,6 +29,7 @@ from textual.widgets.option_list import Option, OptionDoesNotExist
 
 from localllm.backends.base import Chunk, Message, ModelInfo, ModelRef, SamplingParams
 from localllm.config import Settings
+from localllm.engine.accounting import Accounting
 from localllm.engine.speculative import configured_draft
 from localllm.engine.stream import ChunkStream
 from localllm.engine.worker import Engine, Request
@@ -125,10 +126,14 @@ class ChatApp(App[None]):
         serve: bool = True,
         live_status: bool = True,  # False: no live machine figures (for stable snapshots)
         export_dir: Path | None = None,
+        accounting: Accounting | None = None,  # keys and usage; None: the data dir's
     ) -> None:
         super().__init__()
         self.settings = settings
         self.engine = engine
+        self._own_accounting = accounting is None
+        self.accounting = accounting or Accounting.for_settings(settings)
+        engine.observers.append(self.accounting.observe)  # the chat's and its endpoint's
         self.history = history
         self.serve = serve
         self.live_status = live_status
@@ -190,14 +195,16 @@ class ChatApp(App[None]):
         """Start the endpoint off the UI thread (its imports alone take a few hundred ms)."""
         from localllm.server.runner import BackgroundEndpoint
 
-        endpoint = BackgroundEndpoint(self.settings, self.engine)
+        endpoint = BackgroundEndpoint(self.settings, self.engine, self.accounting)
         self.endpoint = endpoint
 
         def show() -> None:
             if endpoint.error is None:
                 self.status.endpoint = endpoint.url
                 return
-            self.status.endpoint = f"endpoint off: port {self.settings.port} in use"
+            in_use = "in use" in endpoint.error or "cannot listen" in endpoint.error
+            why = f"port {self.settings.port} in use" if in_use else "no API key"
+            self.status.endpoint = f"endpoint off: {why}"
             self.notify(endpoint.error, title="Endpoint not started", severity="warning")
 
         self.call_from_thread(show)
@@ -211,6 +218,10 @@ class ChatApp(App[None]):
             self._stream.cancel()
         if self.endpoint is not None:
             await asyncio.to_thread(self.endpoint.stop)
+        with contextlib.suppress(ValueError):
+            self.engine.observers.remove(self.accounting.observe)
+        if self._own_accounting:
+            self.accounting.close()
 
     # -- model -----------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)
@@ -369,7 +380,7 @@ class ChatApp(App[None]):
         params = SamplingParams().with_overrides(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
         )
-        return Request(params, messages=messages, speculate=s.speculate)
+        return Request(params, messages=messages, speculate=s.speculate, client="chat")
 
     @work(exclusive=True, group="generate", exit_on_error=False)
     async def generate(self) -> None:

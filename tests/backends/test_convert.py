@@ -132,3 +132,33 @@ def test_interrupted_import_leaves_nothing(starter_ref: ModelRef, tmp_path: Path
     with pytest.raises(KeyboardInterrupt):
         import_gguf(starter_ref, models)
     assert store_entries(models) == []
+
+
+def test_a_killed_conversion_leaves_nothing_behind(tmp_path: Path):
+    """kill -9 while `localllm convert` writes: the next conversion removes the staging
+    folder and the store only ever holds a complete import."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "LOCALLLM_DATA_DIR": str(tmp_path / "data"),
+           "LOCALLLM_CONFIG": str(tmp_path / "none.toml")}
+    models = tmp_path / "data" / "models"
+    cmd = [sys.executable, "-m", "localllm", "convert", "starter", "--to", "mlx"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    staged: list[Path] = []
+    deadline = time.monotonic() + 120
+    while not staged and proc.poll() is None and time.monotonic() < deadline:
+        staged = list(models.glob(".convert-*/model")) if models.is_dir() else []
+        time.sleep(0.01)
+    assert staged, "the conversion never started writing"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert list(models.glob(".convert-*")), "the kill left its staging folder (as expected)"
+    assert not (models / "starter-mlx").exists()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert not list(models.glob(".*")), list(models.glob(".*"))
+    assert (models / "starter-mlx" / "config.json").is_file()

@@ -177,3 +177,42 @@ def test_no_cycle_collection_while_the_model_decodes(engine: Engine,
     with pytest.raises(LocalLLMError, match="native failure"):
         list(engine.generate(ask("Hi", max_tokens=5)))
     assert gc.isenabled()
+
+
+class _Crash(BaseException):
+    """What no handler in the worker catches (a stand-in for a bug that escapes it)."""
+
+
+async def test_a_dead_worker_never_looks_healthy(settings, store, monkeypatch):
+    """If the worker thread ever dies, /health says so (503), the request in hand and the
+    next ones get an error at once instead of hanging."""
+    import httpx
+
+    from localllm.engine.accounting import Accounting
+    from localllm.server.app import create_app
+
+    engine = Engine(settings, store)
+    accounting = Accounting.for_settings(settings)
+    try:
+        engine.load("starter")
+        app = create_app(settings, engine, accounting)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
+            assert (await client.get("/health")).json()["status"] == "ok"
+
+            def crash(job):
+                raise _Crash("injected")
+
+            monkeypatch.setattr(engine, "_accept", crash)
+            body = {"prompt": "Hi", "max_tokens": 2}
+            r = await client.post("/v1/completions", json=body)
+            assert r.status_code == 500 and "the engine stopped" in r.json()["error"]["message"]
+            engine._thread.join(10)
+            health = await client.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "error"
+            assert "injected" in health.json()["error"]
+            r = await client.post("/v1/completions", json=body)
+            assert r.status_code == 500 and "the engine stopped" in r.json()["error"]["message"]
+    finally:
+        engine.close()
+        accounting.close()

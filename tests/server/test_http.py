@@ -166,7 +166,7 @@ async def test_health_is_503_until_a_model_is_loaded(settings, store):
     engine = Engine(settings, store)
     try:
         transport = httpx.ASGITransport(app=create_app(settings, engine))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             r = await client.get("/health")
             assert r.status_code == 503 and r.json()["status"] == "idle"
             engine.load("starter")

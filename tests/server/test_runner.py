@@ -8,6 +8,7 @@ from pathlib import Path
 import httpx
 
 from localllm.config import Settings
+from localllm.engine.accounting import Accounting
 from localllm.engine.worker import Engine
 from localllm.models.store import ModelStore
 from localllm.server.runner import BackgroundEndpoint
@@ -17,7 +18,7 @@ from tests.conftest import free_port
 def start(tmp_path: Path) -> tuple[BackgroundEndpoint, Engine]:
     settings = Settings(port=free_port(), data_dir=tmp_path / "data")
     engine = Engine(settings, ModelStore(tmp_path / "models"))
-    endpoint = BackgroundEndpoint(settings, engine)
+    endpoint = BackgroundEndpoint(settings, engine, Accounting.for_settings(settings))
     assert endpoint.error is None, endpoint.error
     for _ in range(200):
         try:

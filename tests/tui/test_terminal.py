@@ -88,7 +88,8 @@ def test_a_question_in_a_real_terminal_gets_its_answer_and_ctrl_q_quits(tmp_path
         def stored() -> list[StoredMessage]:
             h = History(data / "history.sqlite3")
             try:
-                return [m for m in h.messages(conv.id) if m.role == "assistant"]
+                return [m for m in h.messages(conv.id) if m.role == "assistant"
+                        and m.stats and not m.stats.get("interrupted")]
             finally:
                 h.close()
 
@@ -100,5 +101,57 @@ def test_a_question_in_a_real_terminal_gets_its_answer_and_ctrl_q_quits(tmp_path
         term.type("\x11")  # Ctrl+Q
         term.wait_for("the app to quit", lambda: term.proc.poll() is not None, timeout=20)
         assert term.proc.returncode == 0
+    finally:
+        term.close()
+
+
+def test_kill_9_mid_answer_keeps_the_partial_answer_marked(tmp_path: Path) -> None:
+    """The chat killed while it writes an answer: the history database is intact, the
+    earlier turns too, and the partial answer is kept and marked interrupted; the next
+    start says so and offers to write it again."""
+    import signal
+    import sqlite3
+
+    data = tmp_path / "data"
+    history = History(data / "history.sqlite3")
+    conv = history.create("t", ConversationSettings(temperature=0.0, max_tokens=3000))
+    history.add(conv.id, "user", "Hello")
+    history.add(conv.id, "assistant", "Hi there.", {"generated_tokens": 3, "prompt_tokens": 9})
+    history.set_last(conv.id)
+    history.close()
+    env = {**os.environ, "LOCALLLM_DATA_DIR": str(data), "LOCALLLM_N_THREADS": str(THREADS),
+           "TERM": "xterm-256color"}
+    cmd = [sys.executable, "-m", "localllm", "chat", "--no-serve"]
+
+    def answers() -> list[StoredMessage]:
+        h = History(data / "history.sqlite3")
+        try:
+            return [m for m in h.messages(conv.id) if m.role == "assistant"]
+        finally:
+            h.close()
+
+    term = Terminal(cmd, env, 100, 30)
+    try:
+        term.wait_for("the model to load", lambda: b"llamacpp" in term.output)
+        term.type("Write a very long story about a dragon and a knight.")
+        time.sleep(0.2)
+        term.type("\r")
+        term.wait_for("part of the answer to be saved",
+                      lambda: len(answers()) == 2 and len(answers()[1].content) > 20)
+        os.killpg(term.proc.pid, signal.SIGKILL)
+        term.proc.wait(timeout=10)
+    finally:
+        term.close()
+    db = sqlite3.connect(data / "history.sqlite3")
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    db.close()
+    kept = answers()
+    assert kept[0].content == "Hi there."  # the earlier turn, intact
+    partial = kept[1]
+    assert partial.content and partial.stats == {"interrupted": True}
+    term = Terminal(cmd, env, 100, 30)
+    try:
+        term.wait_for("the interrupted answer to be marked",
+                      lambda: b"interrupted" in term.output)
     finally:
         term.close()

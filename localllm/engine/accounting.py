@@ -1,0 +1,350 @@
+"""API keys, per-client usage by day, and quotas, kept in SQLite under the data directory.
+
+A key is shown once, when it is made, and stored only as its SHA-256 digest (a key is
+32 random bytes, so a fast hash is enough). Lookups compare the presented key's digest
+with every stored digest in constant time. The server reads the keys again whenever
+another process (`localllm keys rm`) changed the database, so a revoked key stops
+working with the next request.
+
+Usage is counted per client (a key's name, "anonymous" for requests without a key when
+none are configured, "chat" for the terminal chat) and per UTC day: requests, prompt,
+cached and completion tokens, and seconds spent. Quotas (requests per minute, tokens
+per day) are checked from memory before a request runs; the database is written by a
+thread of its own, off the engine's path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import logging
+import math
+import queue
+import secrets
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from localllm.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from localllm.backends.base import Chunk
+    from localllm.config import Settings
+
+log = logging.getLogger(__name__)
+
+KEY_PREFIX = "sk-localllm-"
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    name TEXT PRIMARY KEY,
+    digest TEXT NOT NULL UNIQUE,
+    hint TEXT NOT NULL,
+    created REAL NOT NULL,
+    rpm INTEGER,
+    tokens_per_day INTEGER
+);
+CREATE TABLE IF NOT EXISTS usage (
+    client TEXT NOT NULL,
+    day TEXT NOT NULL,
+    requests INTEGER NOT NULL DEFAULT 0,
+    prompt_tokens INTEGER NOT NULL DEFAULT 0,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    completion_tokens INTEGER NOT NULL DEFAULT 0,
+    seconds REAL NOT NULL DEFAULT 0,
+    PRIMARY KEY (client, day)
+);
+"""
+_UPSERT = """
+INSERT INTO usage (client, day, requests, prompt_tokens, cached_tokens, completion_tokens, seconds)
+VALUES (?, ?, 1, ?, ?, ?, ?)
+ON CONFLICT (client, day) DO UPDATE SET
+    requests = requests + 1,
+    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+    cached_tokens = cached_tokens + excluded.cached_tokens,
+    completion_tokens = completion_tokens + excluded.completion_tokens,
+    seconds = seconds + excluded.seconds
+"""
+MAX_NAME = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Key:
+    name: str
+    digest: str
+    hint: str  # the key's first characters, to tell keys apart in a listing
+    created: float
+    rpm: int | None  # requests per minute; None: no limit
+    tokens_per_day: int | None  # prompt + completion tokens per UTC day; None: no limit
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    client: str
+    day: str
+    requests: int
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "client": self.client,
+            "day": self.day,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def today(now: float | None = None) -> str:
+    return datetime.fromtimestamp(time.time() if now is None else now, timezone.utc).strftime(
+        "%Y-%m-%d"
+    )
+
+
+def seconds_to_midnight(now: float | None = None) -> int:
+    """Seconds until the next UTC day begins (when a daily quota resets)."""
+    t = time.time() if now is None else now
+    return max(1, math.ceil(86400 - t % 86400))
+
+
+def digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Accounting:
+    """The keys and usage database; safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._db = sqlite3.connect(path, check_same_thread=False, timeout=10)
+        self._lock = threading.Lock()
+        with self._lock:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._db.commit()
+        self._keys: list[Key] = []
+        self._version = -1
+        self._recent: dict[str, deque[float]] = {}  # admitted request times, per client
+        self._tokens_today: dict[tuple[str, str], int] = {}
+        self._writes: queue.Queue[tuple | None] = queue.Queue()
+        self._writer: threading.Thread | None = None
+
+    # -- keys ----------------------------------------------------------------------
+    def add_key(
+        self, name: str, *, rpm: int | None = None, tokens_per_day: int | None = None
+    ) -> str:
+        """Make a key named `name`; return its secret (the only time it is seen)."""
+        check_name(name)
+        secret = KEY_PREFIX + secrets.token_urlsafe(32)
+        with self._lock:
+            try:
+                self._db.execute(
+                    "INSERT INTO keys VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        name,
+                        digest(secret),
+                        secret[: len(KEY_PREFIX) + 4],
+                        time.time(),
+                        rpm,
+                        tokens_per_day,
+                    ),
+                )
+                self._db.commit()
+                self._version = -1  # this connection's own writes do not move data_version
+            except sqlite3.IntegrityError:
+                raise InvalidRequest(
+                    f"a key named '{name}' exists already; remove it first "
+                    f"(localllm keys rm {name}) or choose another name",
+                    param="name",
+                ) from None
+        return secret
+
+    def remove_key(self, name: str) -> bool:
+        with self._lock:
+            cur = self._db.execute("DELETE FROM keys WHERE name = ?", (name,))
+            self._db.commit()
+            self._version = -1
+            return cur.rowcount > 0
+
+    def list_keys(self) -> list[Key]:
+        """The keys as stored now (re-read when another process changed them)."""
+        with self._lock:
+            version = self._db.execute("PRAGMA data_version").fetchone()[0]
+            if version != self._version:
+                rows = self._db.execute(
+                    "SELECT name, digest, hint, created, rpm, tokens_per_day FROM keys "
+                    "ORDER BY created"
+                ).fetchall()
+                self._keys = [Key(*row) for row in rows]
+                self._version = version
+            return self._keys
+
+    def lookup(self, secret: str) -> Key | None:
+        """The key whose secret this is, comparing with every key in constant time."""
+        presented = digest(secret)
+        found = None
+        for key in self.list_keys():
+            if hmac.compare_digest(presented, key.digest):
+                found = key
+        return found
+
+    # -- quotas --------------------------------------------------------------------
+    def over_quota(self, key: Key, now: float | None = None) -> tuple[str, int] | None:
+        """(why, seconds to wait) when `key` may not make a request now; else None, and
+        the request counts toward its per-minute limit."""
+        t = time.time() if now is None else now
+        if key.tokens_per_day is not None:
+            used = self.tokens_today(key.name, t)
+            if used >= key.tokens_per_day:
+                return (
+                    f"the key '{key.name}' has used {used} of its {key.tokens_per_day} "
+                    "tokens for today (UTC)",
+                    seconds_to_midnight(t),
+                )
+        if key.rpm is not None:
+            with self._lock:
+                recent = self._recent.setdefault(key.name, deque())
+                while recent and recent[0] <= t - 60:
+                    recent.popleft()
+                if len(recent) >= key.rpm:
+                    wait = max(1, math.ceil(recent[0] + 60 - t))
+                    return (
+                        f"the key '{key.name}' is limited to {key.rpm} requests per minute",
+                        wait,
+                    )
+                recent.append(t)
+        return None
+
+    def tokens_today(self, client: str, now: float | None = None) -> int:
+        day = today(now)
+        with self._lock:
+            if (client, day) not in self._tokens_today:
+                row = self._db.execute(
+                    "SELECT prompt_tokens + completion_tokens FROM usage "
+                    "WHERE client = ? AND day = ?",
+                    (client, day),
+                ).fetchone()
+                self._tokens_today[(client, day)] = int(row[0]) if row else 0
+            return self._tokens_today[(client, day)]
+
+    @classmethod
+    def for_settings(cls, settings: Settings) -> Accounting:
+        return cls(settings.data_dir / "gateway.sqlite3")
+
+    # -- usage ---------------------------------------------------------------------
+    def observe(self, request: Any, model: str, final: Chunk, seconds: float) -> None:
+        """An engine observer: count a finished request under its `client`."""
+        stats = final.stats
+        if stats is not None:
+            self.record(
+                request.client,
+                stats.prompt_tokens,
+                stats.cached_tokens,
+                stats.generated_tokens,
+                seconds,
+            )
+
+    def record(
+        self, client: str, prompt: int, cached: int, completion: int, seconds: float
+    ) -> None:
+        """Count one finished request (any thread; written to the database off it)."""
+        day = today()
+        self.tokens_today(client)  # start today's count from the database first
+        with self._lock:
+            self._tokens_today[(client, day)] += prompt + completion
+            if self._writer is None:
+                self._writer = threading.Thread(
+                    target=self._write_loop, name="localllm-usage", daemon=True
+                )
+                self._writer.start()
+        self._writes.put((client, day, prompt, cached, completion, seconds))
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            batch = [item]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < 256:
+                    nxt = self._writes.get_nowait()
+                    if nxt is None:
+                        self._flush(batch)
+                        return
+                    batch.append(nxt)
+            self._flush(batch)
+
+    def _flush(self, batch: list[tuple]) -> None:
+        try:
+            with self._lock:
+                self._db.executemany(_UPSERT, batch)
+                self._db.commit()
+        except sqlite3.Error:
+            log.exception("could not write %d usage records", len(batch))
+        finally:
+            for _ in batch:
+                self._writes.task_done()
+
+    def flush(self) -> None:
+        """Wait until every recorded request is in the database."""
+        self._writes.join()
+
+    def usage(self, days: int | None = None) -> list[Usage]:
+        """Usage rows, newest day first; `days`: only the last that many days."""
+        self.flush()
+        since = today(time.time() - (days - 1) * 86400) if days else "0000-00-00"
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT client, day, requests, prompt_tokens, cached_tokens, completion_tokens,"
+                " seconds FROM usage WHERE day >= ? ORDER BY day DESC, client",
+                (since,),
+            ).fetchall()
+        return [Usage(*row) for row in rows]
+
+    def totals(self) -> dict[str, Usage]:
+        """Each client's usage over all days."""
+        self.flush()
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT client, '', SUM(requests), SUM(prompt_tokens), SUM(cached_tokens), "
+                "SUM(completion_tokens), SUM(seconds) FROM usage GROUP BY client"
+            ).fetchall()
+        return {row[0]: Usage(*row) for row in rows}
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writes.put(None)
+            self._writer.join(timeout=10)
+        with self._lock:
+            self._db.close()
+
+
+def check_name(name: str) -> None:
+    ok = name and len(name) <= MAX_NAME and all(c.isalnum() or c in "-_." for c in name)
+    if not ok:
+        raise InvalidRequest(
+            f"a key name is 1 to {MAX_NAME} letters, digits, '-', '_' or '.', got {name!r}",
+            param="name",
+        )
+
+
+@contextlib.contextmanager
+def opened(path: Path) -> Iterator[Accounting]:
+    accounting = Accounting(path)
+    try:
+        yield accounting
+    finally:
+        accounting.close()

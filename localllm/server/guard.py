@@ -1,0 +1,268 @@
+"""What every request passes before a route sees it, and what is said after it.
+
+In order: a request id; the Host allowlist (DNS rebinding); the Origin policy (a
+browser's cross-site request, answered preflights for allowed origins); the API key
+and its quotas; a JSON content type for POSTs. Refusals use the API's error shape.
+When the response ends, one JSON line goes to the access log and the request is
+counted in the metrics.
+
+Why each check:
+- A DNS-rebinding page makes the browser send `Host: attacker.example` to 127.0.0.1.
+  Rebinding needs a name, so IP literals pass, and so do loopback names, this
+  machine's name, the bound address and the names in `allowed_hosts`.
+- A browser sends `Origin` on every cross-site request; other clients send none. An
+  origin is allowed when it is loopback, an IDE webview (`vscode-webview://`,
+  `vscode-file://`), or listed in `allowed_origins`. CORS headers and preflights are
+  Starlette's CORSMiddleware, given the same policy.
+- A form or `text/plain` POST is a "simple" request a page can send without a
+  preflight: POSTs must say `application/json`, so none of those starts a generation.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import re
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from localllm.config import Settings
+from localllm.engine.accounting import Accounting, Key
+from localllm.server.protocol import error_body
+
+access_log = logging.getLogger("localllm.access")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = ("/health",)  # served without a key
+_LOOPBACK_NAMES = ("localhost",)
+_LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+_IDE_ORIGIN = r"(vscode-webview|vscode-file)://.*"
+_LOOPBACK_ORIGIN = r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
+
+
+def origin_pattern(allowed: Iterable[str]) -> str:
+    """One regular expression for every allowed Origin: loopback, IDE webviews, and the
+    `allowed_origins` setting ("*" any origin, "scheme://*" any of that scheme, else an
+    exact origin)."""
+    parts = [_LOOPBACK_ORIGIN, _IDE_ORIGIN]
+    for item in allowed:
+        item = item.strip().rstrip("/")
+        if item == "*":
+            parts.append(".*")
+        elif item.endswith("://*"):
+            parts.append(re.escape(item[:-1]) + ".*")
+        elif item:
+            parts.append(re.escape(item))
+    return "(" + "|".join(parts) + ")"
+
+
+def host_name(header: str) -> str:
+    """The name in a Host header, without the port or IPv6 brackets, lowercased."""
+    host = header.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host[1:]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def _is_ip(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+class HostPolicy:
+    def __init__(self, settings: Settings) -> None:
+        own = {settings.host.lower(), socket.gethostname().lower()}
+        self.names = own | set(_LOOPBACK_NAMES) | {h.lower() for h in settings.allowed_hosts}
+        self.any = "*" in settings.allowed_hosts
+
+    def allows(self, header: str | None) -> bool:
+        if header is None or self.any:
+            return True  # HTTP/1.0 without Host: no browser sends that
+        name = host_name(header).rstrip(".")
+        return name in self.names or _is_ip(name) or name.endswith(_LOCAL_SUFFIXES)
+
+
+class Guard:
+    """Pure ASGI middleware (streamed responses pass through untouched)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        settings: Settings,
+        accounting: Accounting | None,
+        on_done: Callable[[dict[str, Any]], None] | None = None,
+        json_paths: Iterable[str] = (),
+    ) -> None:
+        self.app = app
+        self.json_paths = frozenset(json_paths)  # routes that take a JSON body by POST
+        self.hosts = HostPolicy(settings)
+        self.origins = re.compile(origin_pattern(settings.allowed_origins), re.IGNORECASE)
+        self.accounting = accounting
+        self.on_done = on_done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        rid = headers.get("x-request-id", "")
+        if not (0 < len(rid) <= 64 and rid.isascii() and rid.isprintable()):
+            rid = uuid.uuid4().hex
+        state = scope.setdefault("state", {})
+        state["request_id"] = rid
+        origin = headers.get("origin")
+        allowed_origin = origin is not None and self.origins.fullmatch(origin) is not None
+        record: dict[str, Any] = {"status": 0}
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record["status"] = message["status"]
+                extra = [(b"x-request-id", rid.encode())]
+                if allowed_origin and origin is not None:
+                    have = {k.lower() for k, _ in message.get("headers", [])}
+                    if b"access-control-allow-origin" not in have:
+                        extra.append((b"access-control-allow-origin", origin.encode()))
+                        extra.append((b"vary", b"Origin"))
+                message["headers"] = [*message.get("headers", []), *extra]
+            await send(message)
+
+        try:
+            refusal = self._check(scope, headers, origin, allowed_origin)
+            if refusal is None:
+                await self.app(scope, receive, send_with_headers)
+            else:
+                status, message, code, extra = refusal
+                await _send_error(send_with_headers, status, message, code, extra)
+        finally:
+            self._done(scope, state, record, started)
+
+    def _check(
+        self, scope: Scope, headers: dict[str, str], origin: str | None, allowed_origin: bool
+    ) -> tuple[int, str, str, dict[str, str]] | None:
+        """(status, message, code, headers) when the request is refused; else None."""
+        if not self.hosts.allows(headers.get("host")):
+            host = headers.get("host", "")[:100]
+            return (
+                403,
+                f"The Host header '{host}' is not one this server answers to (DNS rebinding "
+                "protection); add it to allowed_hosts in the server's config to allow it.",
+                "host_not_allowed",
+                {},
+            )
+        if origin is not None and not allowed_origin:
+            return (
+                403,
+                f"Requests from the web origin '{origin[:100]}' are not allowed; add it to "
+                "allowed_origins in the server's config to allow it.",
+                "origin_not_allowed",
+                {},
+            )
+        method, path = scope["method"], scope["path"]
+        if method == "OPTIONS" and origin is not None:
+            return None  # a preflight: CORSMiddleware answers it, no key needed
+        state = scope["state"]
+        state["client"] = "anonymous"
+        if self.accounting is not None and path not in OPEN_PATHS:
+            keys = self.accounting.list_keys()
+            if keys:
+                key = self._key(headers)
+                if key is None:
+                    said = bool(_presented(headers))
+                    return (
+                        401,
+                        "The API key is not valid; check it, or make one with "
+                        "`localllm keys add NAME`."
+                        if said
+                        else "This server needs an API key: send 'Authorization: Bearer "
+                        "KEY' (make one with `localllm keys add NAME`).",
+                        "invalid_api_key",
+                        {"WWW-Authenticate": "Bearer"},
+                    )
+                state["client"] = key.name
+                over = self.accounting.over_quota(key)
+                if over is not None:
+                    why, wait = over
+                    return (
+                        429,
+                        f"Rate limit: {why}; try again in {wait} s.",
+                        "rate_limit_exceeded",
+                        {"Retry-After": str(wait)},
+                    )
+        if method == "POST" and path in self.json_paths:
+            kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if kind != "application/json" and not kind.endswith("+json"):
+                shown = kind or "none"
+                return (
+                    415,
+                    f"The request's Content-Type is {shown}; send JSON with "
+                    "'Content-Type: application/json'.",
+                    "unsupported_media_type",
+                    {},
+                )
+        return None
+
+    def _key(self, headers: dict[str, str]) -> Key | None:
+        assert self.accounting is not None
+        presented = _presented(headers)
+        return self.accounting.lookup(presented) if presented else None
+
+    def _done(
+        self, scope: Scope, state: dict[str, Any], record: dict[str, Any], started: float
+    ) -> None:
+        seconds = time.monotonic() - started
+        line = {
+            "request_id": state["request_id"],
+            "client": state.get("client", "anonymous"),
+            "method": scope["method"],
+            "route": scope["path"],
+            "status": record["status"],
+            "model": state.get("model"),
+            "duration_s": round(seconds, 4),
+        }
+        if self.on_done is not None:
+            self.on_done(line)  # adds what the engine said of the request
+        access_log.info("%s", json.dumps(line, separators=(",", ":")))
+
+
+def write_access_log(stream: Any) -> None:
+    """Send the access log's JSON lines, bare, to `stream` (for `localllm serve`)."""
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    access_log.addHandler(handler)
+    access_log.setLevel(logging.INFO)
+    access_log.propagate = False
+
+
+def _presented(headers: dict[str, str]) -> str:
+    """The key a client sent: OpenAI's and Ollama's bearer token, or Anthropic's x-api-key."""
+    auth = headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return headers.get("x-api-key", "").strip()
+
+
+async def _send_error(
+    send: Send, status: int, message: str, code: str, headers: dict[str, str]
+) -> None:
+    err_type = {401: "authentication_error", 429: "rate_limit_error"}.get(
+        status, "invalid_request_error"
+    )
+    body = json.dumps(error_body(message, err_type, None, code)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,106 @@
+"""/openapi.json as the server behaves: its error statuses and shape, and streamed answers.
+
+FastAPI documents a 422 for every body, but the server answers bad input with 400 (see
+errors.py), and it has statuses FastAPI cannot know of: 401 (keys), 403 (Host, Origin),
+413 (body size), 415 (content type), 429 (quotas), 503 (queue full, no model yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
+}
+_WHY = {
+    "400": "The request is invalid: the message names the field and the numbers",
+    "401": "An API key is required and missing or wrong",
+    "403": "The Host or Origin is not allowed",
+    "404": "No such model or route",
+    "413": "The body is larger than max_body_bytes",
+    "415": "The body is not sent as application/json",
+    "429": "The key's quota is spent; see Retry-After",
+    "503": "The queue is full (see Retry-After) or no model is loaded",
+}
+_ALWAYS = ("401", "403", "404", "429")
+_WITH_BODY = ("400", "413", "415", "503")
+_STREAMED = ("/v1/chat/completions", "/v1/completions")
+
+
+def install_openapi(app: FastAPI) -> None:
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = describe(
+                get_openapi(title=app.title, version=app.version, routes=app.routes)
+            )
+        return app.openapi_schema
+
+    app.openapi = build  # type: ignore[method-assign]
+
+
+def describe(doc: dict[str, Any]) -> dict[str, Any]:
+    components = doc.setdefault("components", {})
+    components.setdefault("schemas", {})["Error"] = _ERROR
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.get("schemas", {}).pop(name, None)
+    components["securitySchemes"] = {
+        "bearer": {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "Needed once a key exists (`localllm keys add NAME`); "
+            "Anthropic's x-api-key header is accepted too",
+        }
+    }
+    for path, operations in doc.get("paths", {}).items():
+        for method, op in operations.items():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            codes = list(_ALWAYS)
+            if method in ("post", "put", "patch"):
+                codes += _WITH_BODY
+            if path == "/health":
+                codes = ["403", "503"]
+            else:
+                op["security"] = [{}, {"bearer": []}]
+            for code in codes:
+                responses.setdefault(
+                    code,
+                    {
+                        "description": _WHY[code],
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                    },
+                )
+            if path in _STREAMED and "200" in responses:
+                content = responses["200"].setdefault("content", {})
+                content["text/event-stream"] = {
+                    # one server-sent event (OpenAPI 3.1: `schema` describes each event)
+                    "schema": {
+                        "type": "object",
+                        "required": ["data"],
+                        "properties": {
+                            "data": {
+                                "type": "string",
+                                "description": "a chunk as JSON, or [DONE] last",
+                            }
+                        },
+                    },
+                }
+    return doc

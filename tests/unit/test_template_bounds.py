@@ -1,0 +1,61 @@
+"""A model's chat template is code from the model file: a hostile one is stopped in time,
+in output size and in one-step allocations, with a 400 that says so."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from localllm.backends import chat_template
+from localllm.backends.base import Message
+from localllm.errors import InvalidRequest
+
+MESSAGES = [Message("user", "hi")]
+
+
+def render(template: str) -> str:
+    return chat_template.render(template, MESSAGES, bos_token="<s>", eos_token="</s>")
+
+
+def test_endless_nested_loops_are_stopped(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 0.5)
+    loops = ("{% for a in range(100000) %}{% for b in range(100000) %}"
+             "{% for c in range(100000) %}{% endfor %}{% endfor %}{% endfor %}")
+    with pytest.raises(InvalidRequest) as err:
+        render(loops)
+    assert "did not finish rendering" in err.value.message
+    assert err.value.code == "template_failed"
+    # the thread is usable afterwards: no exception is left pending for it
+    assert render("{{ messages[0]['content'] }}!") == "hi!"
+
+
+def test_output_is_bounded(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(chat_template, "MAX_OUTPUT", 10_000)
+    with pytest.raises(InvalidRequest) as err:
+        render("{% for a in range(100000) %}{{ 'xxxxxxxxxx' }}{% endfor %}")
+    assert "output passed 10000 characters" in err.value.message
+
+
+@pytest.mark.parametrize("expr", ["'a' * 10**10", "[1] * 100000000", "9 ** 100000"])
+def test_one_huge_operation_is_refused(expr: str):
+    with pytest.raises(InvalidRequest) as err:
+        render("{{ " + expr + " }}")
+    assert "too large" in err.value.message or "over the" in err.value.message
+
+
+def test_a_template_stopped_on_one_thread_leaves_others_alone(monkeypatch):
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 0.3)
+    results: list[str] = []
+
+    def normal() -> None:
+        for _ in range(200):
+            results.append(render("{% for m in messages %}{{ m['content'] }}{% endfor %}"))
+
+    t = threading.Thread(target=normal)
+    t.start()
+    with pytest.raises(InvalidRequest):
+        render("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}"
+               "{% endfor %}")
+    t.join()
+    assert results == ["hi"] * 200
