@@ -169,6 +169,14 @@ class History:
             db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, cid))
         return int(cur.lastrowid or 0)
 
+    def update(self, mid: int, content: str, stats: dict[str, Any] | None) -> None:
+        """Replace a message's text and figures (an answer saved as it streams)."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE messages SET content=?, stats=? WHERE id=?",
+                (content, json.dumps(stats) if stats else None, mid),
+            )
+
     def messages(self, cid: int) -> list[StoredMessage]:
         rows = self._db.execute(
             "SELECT id, role, content, stats, in_context FROM messages "

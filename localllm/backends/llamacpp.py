@@ -21,6 +21,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, ClassVar
 
 from localllm.backends import lazy_pages
@@ -73,13 +74,36 @@ def _ll() -> Any:
 
         def on_log(level: int, text: bytes, _user: Any) -> None:
             py_level = _LEVELS.get(level, logging.DEBUG)
-            if _native_log.isEnabledFor(py_level):
+            held = _state.get("held")
+            if held is not None and py_level >= logging.WARNING:
+                held.append((py_level, text.decode("utf-8", "replace").rstrip()))
+            elif _native_log.isEnabledFor(py_level):
                 _native_log.log(py_level, text.decode("utf-8", "replace").rstrip())
 
         _state["log_cb"] = ll.llama_log_callback(on_log)
         ll.llama_log_set(_state["log_cb"], ctypes.c_void_p(0))
         ll.llama_backend_init()
     return ll
+
+
+def _load_quietly(ll: Any, path: Path, mparams: Any) -> tuple[Any, str]:
+    """Load a model holding back llama.cpp's warnings and errors meanwhile: on success they
+    are logged as usual; on failure the first error becomes the reason (one line to the
+    user, not llama.cpp's lines first)."""
+    held: list[tuple[int, str]] = []
+    _state["held"] = held
+    try:
+        model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+    finally:
+        _state.pop("held", None)
+    if model:
+        for level, line in held:
+            _native_log.log(level, line)
+        return model, ""
+    for _level, line in held:
+        _native_log.debug("%s", line)
+    errors = [line for level, line in held if level >= logging.ERROR]
+    return model, errors[0] if errors else ""
 
 
 def _device(ll: Any, n_gpu_layers: int) -> str:
@@ -177,10 +201,10 @@ class LlamaCppModel:
 
             self._progress_cb = ll.llama_progress_callback(on_progress)
             mparams.progress_callback = self._progress_cb
-        model = ll.llama_model_load_from_file(str(ref.path).encode(), mparams)
+        model, said = _load_quietly(ll, ref.path, mparams)
         if not model:
             raise ModelLoadError(
-                str(ref.path), "llama.cpp could not read it (see --log-level debug)"
+                str(ref.path), f"llama.cpp could not read it: {said or 'no reason given'}"
             )
         self._model = model
         self._vocab = ll.llama_model_get_vocab(model)

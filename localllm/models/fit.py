@@ -118,6 +118,12 @@ def estimate(ref: ModelRef, n_ctx: int | None = None, *, kv_scale: int = 1) -> E
         raise
     except LocalLLMError:
         meta = None
+    if meta is not None and ref.format == "gguf" and meta.truncated:
+        raise DamagedModel(
+            str(ref.path),
+            f"the file is truncated: its tensors need {meta.data_end:,} bytes and it has "
+            f"{meta.file_size:,} (an interrupted download or copy?)",
+        )
     return from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)
 
 

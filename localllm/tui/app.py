@@ -281,15 +281,24 @@ class ChatApp(App[None]):
         self.conv = conv
         self.history.set_last(cid)
         await self.chat.remove_children()
+        stored = self.history.messages(cid)
         widgets = [
             ChatMessage(m.role, m.content, stats=m.stats, in_context=m.in_context, message_id=m.id)
-            for m in self.history.messages(cid)
+            for m in stored
         ]
         if widgets:
             await self.chat.mount_all(widgets)
         self.chat.scroll_end(animate=False)
         self.sub_title = conv.title
         self._show_context()
+        last = stored[-1] if stored else None
+        if last is not None and last.role == "assistant" and (last.stats or {}).get("interrupted"):
+            self.notify(
+                "The last answer was interrupted (the app stopped while writing it); "
+                "Ctrl+R writes it again.",
+                title="Interrupted answer",
+                timeout=10,
+            )
 
     def _show_context(self) -> None:
         """Context used by the conversation's last answer, against the loaded context size."""
@@ -297,7 +306,12 @@ class ChatApp(App[None]):
         if info is None or self.conv is None:
             return
         stats = next(
-            (m.stats for m in reversed(self.history.messages(self.conv.id)) if m.stats), None
+            (
+                m.stats
+                for m in reversed(self.history.messages(self.conv.id))
+                if m.stats and "prompt_tokens" in m.stats
+            ),
+            None,
         )
         used = stats["prompt_tokens"] + stats["generated_tokens"] if stats else 0
         self.status.context = f"ctx {used}/{info.n_ctx}"
@@ -504,10 +518,18 @@ class ChatApp(App[None]):
         pacer.start()
         parts: list[str] = []
         final: Chunk | None = None
+        # the answer is in the history from its start, marked interrupted until it ends,
+        # and saved as it grows: a crash or kill -9 keeps what was written, marked
+        mid = self.history.add(conv.id, "assistant", "", INTERRUPTED)
+        answer.message_id = mid
+        saved = time.monotonic()
         try:
             async for text, last in stream.batches(pacer.wait):
                 final = last or final
                 parts.append(text)
+                if time.monotonic() - saved > SAVE_EVERY_S:
+                    self.history.update(mid, "".join(parts), INTERRUPTED)
+                    saved = time.monotonic()
                 if not (shown and answer.is_attached):
                     pacer.drawn(None)  # nothing to draw: the piece was only collected
                     continue
@@ -525,7 +547,7 @@ class ChatApp(App[None]):
             if not text and answer.is_attached:  # nothing came: no empty first paragraph
                 await answer.body.remove_children()
             answer.content = text
-            answer.message_id = self.history.add(conv.id, "assistant", text, stats)
+            self.history.update(mid, text, stats)
             answer.set_stats(stats)
             if final is not None and final.stats is not None and self.engine.model_info:
                 used = final.stats.prompt_tokens + final.stats.generated_tokens
@@ -660,6 +682,10 @@ class ChatApp(App[None]):
 def _title_from(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else NEW_TITLE
     return line[:40] + ("…" if len(line) > 40 else "")
+
+
+INTERRUPTED = {"interrupted": True}  # an answer's stats until it ends
+SAVE_EVERY_S = 1.0  # a streaming answer is saved this often
 
 
 def _stats_dict(final: Chunk | None) -> dict[str, Any] | None:

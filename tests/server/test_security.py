@@ -406,3 +406,15 @@ def test_clients_that_leave_while_queued_cost_no_prompt_evaluation(tmp_path: Pat
         assert totals["prompt_tokens"] < 100, totals  # no 2,500-word prompt was read
     finally:
         srv.stop()
+
+
+def test_openapi_describes_what_the_server_answers(guarded: ServerProcess):
+    doc = httpx.get(guarded.base + "/openapi.json").json()
+    chat = doc["paths"]["/v1/chat/completions"]["post"]
+    assert "422" not in chat["responses"]
+    for status in ("400", "401", "403", "404", "413", "415", "429", "503"):
+        ref = chat["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == "#/components/schemas/Error"
+    assert "text/event-stream" in chat["responses"]["200"]["content"]
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    assert set(doc["paths"]["/health"]["get"]["responses"]) >= {"200", "503"}

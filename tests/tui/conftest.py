@@ -59,8 +59,13 @@ async def ready(pilot: Pilot) -> None:
 
 
 def answers(app: ChatApp) -> list:
+    """The finished answers stored (one being written is stored too, marked interrupted)."""
     assert app.conv is not None
-    return [m for m in app.history.messages(app.conv.id) if m.role == "assistant"]
+    return [
+        m
+        for m in app.history.messages(app.conv.id)
+        if m.role == "assistant" and not (m.stats or {}).get("interrupted")
+    ]
 
 
 async def ask(pilot: Pilot, text: str) -> None:

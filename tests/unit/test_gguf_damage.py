@@ -96,3 +96,15 @@ def test_metadata_nobody_reads_is_skipped_whatever_its_size(tmp_path: Path):
     path = gguf_file(tmp_path / "big.gguf", blob, names)
     meta = read_gguf(path)
     assert meta.n_ctx_train == 2048 and meta.arch == "llama"
+
+
+def test_a_truncated_file_is_refused_with_both_sizes(tmp_path: Path, starter_ref):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(starter_ref.path.read_bytes()[:30_000_000])
+    env = {**os.environ, "LOCALLLM_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run([sys.executable, "-m", "localllm", "run", "Hi", "--model", str(cut),
+                           "--max-tokens", "2"], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "truncated" in lines[0] and "30,000,000" in lines[0], lines

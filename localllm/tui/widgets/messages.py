@@ -21,6 +21,8 @@ def stats_line(stats: dict[str, Any] | None) -> str:
     """'12 tokens · 95.3 tok/s · first token 140 ms · 31 cached' from stored stats."""
     if not stats:
         return ""
+    if stats.get("interrupted"):
+        return "interrupted: the app stopped while writing this answer · Ctrl+R writes it again"
     parts = [f"{stats.get('generated_tokens', 0)} tokens"]
     if stats.get("decode_tps"):
         parts.append(f"{stats['decode_tps']:.1f} tok/s")
