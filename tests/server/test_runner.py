@@ -65,3 +65,35 @@ def test_stop_wakes_the_loop_instead_of_waiting_for_its_next_look(tmp_path: Path
     endpoint.stop()  # joins the thread for up to 10 s
     engine.close()
     assert not endpoint.running
+
+
+async def test_accepted_connections_have_nagle_off() -> None:
+    """The listening socket says it is TCP, so asyncio sets TCP_NODELAY on every connection
+    (without it a kept-alive client waited for a delayed ACK on each response)."""
+    import asyncio
+    import socket
+
+    from localllm.server.runner import bind
+
+    sock = bind("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP
+    seen: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = writer.get_extra_info("socket")
+        seen.append(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        writer.close()
+
+    server = await asyncio.start_server(handle, sock=sock)
+    port = sock.getsockname()[1]
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert seen and seen[0] != 0
