@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from localllm import __version__
-from localllm.cli_common import EXIT_USAGE, progress_printer
+from localllm.cli_common import EXIT_USAGE, positive_int, progress_printer
 from localllm.config import DEFAULT_PORT, SPECULATE_MODES, Settings, load_settings
 from localllm.errors import ConfigError, DamagedModel, LocalLLMError, ModelNotFound
 
@@ -26,14 +27,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"localllm: error: {message} (see '{self.prog} --help')\n")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
-    return value
+_positive_int = positive_int
 
 
 def _temperature(text: str) -> float:
@@ -185,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--system", help="a system prompt")
     run.add_argument("--stats", action="store_true", help="print speed figures to stderr")
 
-    sub.add_parser("list", parents=[common], help="list local models")
+    listing = sub.add_parser("list", parents=[common], help="list local models")
+    listing.add_argument("--json", action="store_true", help="machine-readable output")
     pull = sub.add_parser(
         "pull", parents=[common], help="download a model from Hugging Face into the store"
     )
@@ -200,12 +195,14 @@ def build_parser() -> argparse.ArgumentParser:
     ps = sub.add_parser(
         "ps", parents=[common], help="what the running server has loaded, and its prompt cache"
     )
+    ps.add_argument("--json", action="store_true", help="the server's /health as JSON")
     ps.add_argument("--host", help="the server's address (default: 127.0.0.1)")
     ps.add_argument("--port", type=_port, help=f"the server's port (default: {DEFAULT_PORT})")
     info = sub.add_parser(
         "info", parents=[common], help="describe a model (reads its header, not its weights)"
     )
     info.add_argument("model", help="model name, path or HF repo")
+    info.add_argument("--json", action="store_true", help="machine-readable output")
     info.add_argument(
         "--ctx", type=_positive_int, dest="n_ctx", help="context size for the memory estimate"
     )
@@ -217,9 +214,20 @@ def build_parser() -> argparse.ArgumentParser:
     convert.add_argument("--to", choices=["mlx"], required=True, help="the target format")
     convert.add_argument("--name", help="store name of the result (default: MODEL-mlx)")
     _quantize_parsers(sub, common, backend_flag)
-    from localllm import cli_keys
+    show = sub.add_parser(
+        "show", parents=[common], help="a model's chat template and default sampling"
+    )
+    show.add_argument("model", help="model name, path or HF repo")
+    show.add_argument("--template", action="store_true", help="only the chat template")
+    show.add_argument("--parameters", action="store_true", help="only the default sampling")
+    completion = sub.add_parser(
+        "completion", parents=[common], help='shell completion: eval "$(localllm completion bash)"'
+    )
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"])
+    from localllm import cli_keys, cli_service
 
     cli_keys.add_parsers(sub, common)
+    cli_service.add_parsers(sub, common)
     return parser
 
 
@@ -289,6 +297,10 @@ def _setup_logging(level: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
     args = parser.parse_args(argv)
     command = args.command or "chat"
     if args.command is None:
@@ -315,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
     _setup_logging(settings.log_level)
-    from localllm import cli_keys, cli_models, cli_quantize
+    from localllm import cli_keys, cli_models, cli_quantize, cli_service
 
     handlers: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
         "chat": cmd_chat,
@@ -331,6 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "eval": cli_quantize.cmd_eval,
         "keys": cli_keys.cmd_keys,
         "usage": cli_keys.cmd_usage,
+        "service": cli_service.cmd_service,
+        "show": cli_models.cmd_show,
+        "completion": cmd_completion,
     }
     try:
         return handlers[command](settings, args)
@@ -408,6 +423,14 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
                 )
     finally:
         engine.close()
+    return 0
+
+
+def cmd_completion(_settings: Settings, args: argparse.Namespace) -> int:
+    """The shell code that completes localllm's commands and flags (argcomplete's)."""
+    import argcomplete
+
+    sys.stdout.write(argcomplete.shellcode(["localllm"], shell=args.shell))
     return 0
 
 

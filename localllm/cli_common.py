@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 
 EXIT_USAGE = 2
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
 
 
 def progress_printer(label: str) -> Callable[[float], None] | None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from localllm.cli_common import EXIT_USAGE
+from localllm.cli_common import EXIT_USAGE, positive_int
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting, Usage
 
@@ -21,27 +21,17 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     actions = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     add = actions.add_parser("add", help="make a key; it is printed once, as the last line")
     add.add_argument("name", help="a name for the client (letters, digits, - _ .)")
-    add.add_argument("--rpm", type=_positive, help="requests per minute at most")
+    add.add_argument("--rpm", type=positive_int, help="requests per minute at most")
     add.add_argument(
-        "--tokens-per-day", type=_positive, help="prompt + completion tokens per UTC day"
+        "--tokens-per-day", type=positive_int, help="prompt + completion tokens per UTC day"
     )
     listing = actions.add_parser("list", help="names, dates, limits and usage (no secrets)")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     rm = actions.add_parser("rm", help="revoke a key (at once, also in a running server)")
     rm.add_argument("name", help="the key's name")
     usage = sub.add_parser("usage", parents=[common], help="requests and tokens per client per day")
-    usage.add_argument("--days", type=_positive, help="only the last N days (default: all)")
+    usage.add_argument("--days", type=positive_int, help="only the last N days (default: all)")
     usage.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
 
 
 def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:

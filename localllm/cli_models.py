@@ -16,22 +16,54 @@ from localllm.errors import LocalLLMError
 from localllm.models import fit
 
 
-def cmd_list(settings: Settings, _args: argparse.Namespace) -> int:
+def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models.gguf import format_bytes, format_params, read_meta
     from localllm.models.store import ModelStore
 
     rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE")]
+    records: list[dict[str, Any]] = []
     for ref in ModelStore.from_settings(settings).models():
         try:
             meta = read_meta(ref.path, ref.format)
             params, quant, ctx = format_params(meta.params), meta.quant, str(meta.n_ctx_train)
+            record = {
+                "parameters": meta.params,
+                "quantization": meta.quant,
+                "trained_context": meta.n_ctx_train,
+                "readable": True,
+            }
         except LocalLLMError:
             params, quant, ctx = "?", "unreadable", "?"
+            record = {
+                "parameters": None,
+                "quantization": None,
+                "trained_context": None,
+                "readable": False,
+            }
         rows.append(
             (ref.name, ref.format, params, quant, format_bytes(ref.size_bytes), ctx, _origin(ref))
         )
+        records.append(
+            {
+                "name": ref.name,
+                "format": ref.format,
+                "size_bytes": ref.size_bytes,
+                "source": _origin(ref),
+                "path": str(ref.path),
+                **record,
+            }
+        )
+    if getattr(args, "json", False):
+        _print_json(records)
+        return 0
     _print_table(rows)
     return 0
+
+
+def _print_json(value: Any) -> None:
+    import json
+
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 
 def _origin(ref: ModelRef) -> str:
@@ -97,6 +129,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
     ]
+    described = len(fields)  # what follows (imports, provenance, drafts) is text
     if ref.format == "gguf":
         imported = find_import(settings.models_dir, ref.path)
         fields.append(("MLX import", imported.name if imported else "none"))
@@ -106,9 +139,73 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     fields.append(("backend", backend_line))
     if device:
         fields.append(("device", device))
+    if getattr(args, "json", False):
+        _print_json(
+            {
+                "name": ref.name,
+                "path": str(ref.path),
+                "source": ref.source,
+                "format": ref.format,
+                "architecture": meta.arch,
+                "parameters": meta.params,
+                "quantization": meta.quant,
+                "size_bytes": meta.file_size,
+                "trained_context": meta.n_ctx_train,
+                "default_context": n_ctx,
+                "layers": meta.n_layers,
+                "heads": meta.n_head,
+                "kv_heads": meta.n_head_kv,
+                "vocabulary": meta.vocab_size,
+                "vocab_fingerprint": meta.vocab_fingerprint,
+                "kv_bytes_per_token": kv_per_token,
+                "kv_type": kv_type,
+                "parallel": n_seq,
+                "kv_bytes": kv_per_token * n_ctx * n_seq,
+                "memory_bytes": need.total,
+                "chat_template": bool(meta.chat_template),
+                "fill_in_middle": bool(meta.fim_ids),
+                "backend": backend_line,
+                "device": device or None,
+                **{
+                    key.lower().replace(" ", "_"): value
+                    for key, value in fields[described:]
+                    if key not in ("backend", "device")
+                },
+            }
+        )
+        return 0
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
         print(f"{key.ljust(width)}  {value}")
+    return 0
+
+
+def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
+    """The chat template a model renders prompts with, and the sampling it gets by default."""
+    from dataclasses import asdict
+
+    from localllm.backends.base import SamplingParams
+    from localllm.backends.chat_template import CHATML
+    from localllm.models.gguf import read_meta
+    from localllm.models.store import ModelStore
+
+    ref = ModelStore.from_settings(settings).resolve(args.model)
+    meta = read_meta(ref.path, ref.format)
+    both = not (args.template or args.parameters)
+    if args.template or both:
+        if both:
+            print(
+                "# chat template" + ("" if meta.chat_template else " (none in the model: ChatML)")
+            )
+        elif not meta.chat_template:
+            sys.stderr.write(f"{ref.name} has no chat template; ChatML is used:\n")
+        print(meta.chat_template or CHATML)
+    if args.parameters or both:
+        if both:
+            print("\n# default sampling (a request's fields override each)")
+        for key, value in asdict(SamplingParams()).items():
+            shown = "none" if value in (None, ()) else value
+            print(f"{key} {shown}")
     return 0
 
 
@@ -247,6 +344,9 @@ def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
         reason = getattr(exc, "reason", exc)
         sys.stderr.write(f"localllm: error: no localllm server answers at {url} ({reason})\n")
         return 1
+    if getattr(_args, "json", False):
+        _print_json(health)
+        return 0
     cache = health.get("prompt_cache") or {}
     totals = health.get("totals") or {}
     _print_loaded(health.get("models") or [])

@@ -48,6 +48,23 @@ def test_list_and_info(tmp_path: Path):
     assert "chat template    yes" in info.stdout
 
 
+def test_list_info_and_ps_as_json(tmp_path: Path, server):
+    import json
+
+    models = json.loads(cli("list", "--json", tmp=tmp_path).stdout)
+    starter = next(m for m in models if m["name"] == "starter")
+    assert starter["format"] == "gguf" and starter["quantization"] == "Q4_1"
+    assert starter["parameters"] == 134515008 and starter["trained_context"] == 8192
+    info = json.loads(cli("info", "starter", "--json", tmp=tmp_path).stdout)
+    assert info["architecture"] == "llama" and info["layers"] == 30
+    assert info["kv_bytes"] == info["kv_bytes_per_token"] * info["default_context"] * 4
+    assert info["chat_template"] is True and info["fill_in_middle"] is False
+    ps = cli("ps", "--json", "--port", str(server.port), tmp=tmp_path)
+    assert ps.returncode == 0, ps.stderr
+    health = json.loads(ps.stdout)
+    assert health["status"] == "ok" and health["models"][0]["model"] == "starter"
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -79,3 +96,34 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path):
         r = cli("serve", "--port", str(port), tmp=tmp_path)
     assert r.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
+
+
+def test_show_prints_the_template_and_the_default_sampling(tmp_path: Path):
+    template = cli("show", "starter", "--template", tmp=tmp_path)
+    assert template.returncode == 0, template.stderr
+    assert "<|im_start|>" in template.stdout and "add_generation_prompt" in template.stdout
+    params = cli("show", "starter", "--parameters", tmp=tmp_path)
+    lines = dict(line.split(" ", 1) for line in params.stdout.splitlines())
+    assert lines["temperature"] == "0.8" and lines["top_k"] == "40"
+    both = cli("show", "starter", tmp=tmp_path).stdout
+    assert "# chat template" in both and "# default sampling" in both
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+def test_completion_scripts(tmp_path: Path, shell: str):
+    r = cli("completion", shell, tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "localllm" in r.stdout and "_ARGCOMPLETE" in r.stdout
+
+
+def test_completion_completes_subcommands(tmp_path: Path):
+    """What the shell hook asks, in argcomplete's protocol, answered by localllm itself."""
+    out = tmp_path / "out.txt"
+    env = {**os.environ, "_ARGCOMPLETE": "1", "COMP_LINE": "localllm ser", "COMP_POINT": "12",
+           "_ARGCOMPLETE_IFS": "\n", "_ARGCOMPLETE_STDOUT_FILENAME": str(out),
+           "LOCALLLM_DATA_DIR": str(tmp_path / "data")}
+    done = subprocess.run([sys.executable, "-m", "localllm"], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    words = set(out.read_text().split())
+    assert {"serve", "service"} <= words, words
