@@ -198,6 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--json", action="store_true", help="the server's /health as JSON")
     ps.add_argument("--host", help="the server's address (default: 127.0.0.1)")
     ps.add_argument("--port", type=_port, help=f"the server's port (default: {DEFAULT_PORT})")
+    load = sub.add_parser(
+        "load", parents=[common], help="load a model in the running server (preload or pin)"
+    )
+    load.add_argument("model", help="a model name from 'localllm list'")
+    load.add_argument("--ctx", type=_positive_int, dest="n_ctx", help="context size in tokens")
+    load.add_argument(
+        "--ttl", help="idle time before it unloads: seconds or 10m, 2h; -1 keeps it loaded"
+    )
+    stop = sub.add_parser("stop", parents=[common], help="unload models from the running server")
+    stop.add_argument("model", nargs="?", help="the model to unload")
+    stop.add_argument("--all", action="store_true", help="unload every model")
+    for p in (load, stop):
+        p.add_argument("--host", help="the server's address (default: 127.0.0.1)")
+        p.add_argument("--port", type=_port, help=f"the server's port (default: {DEFAULT_PORT})")
     info = sub.add_parser(
         "info", parents=[common], help="describe a model (reads its header, not its weights)"
     )
@@ -345,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "usage": cli_keys.cmd_usage,
         "service": cli_service.cmd_service,
         "show": cli_models.cmd_show,
+        "load": cli_models.cmd_load,
+        "stop": cli_models.cmd_stop,
         "completion": cmd_completion,
     }
     try:

@@ -327,6 +327,71 @@ def cmd_rm(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+def _admin(settings: Settings, route: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """POST to a running server's admin route (with LOCALLLM_API_KEY when it is set):
+    (status, JSON body); status 0 when no server answers."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    url = settings.base_url().removesuffix("/v1") + route
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get("LOCALLLM_API_KEY")
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {}
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return 0, {"error": {"message": f"no localllm server answers at {url} ({reason})"}}
+
+
+def _admin_failed(status: int, body: dict[str, Any]) -> int:
+    message = (body.get("error") or {}).get("message") or f"the server answered {status}"
+    if status == 401:
+        message += " (set LOCALLLM_API_KEY to a key from `localllm keys add`)"
+    sys.stderr.write(f"localllm: error: {message}\n")
+    return 1
+
+
+def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.models.gguf import format_bytes
+
+    body: dict[str, Any] = {"model": args.model, "n_ctx": settings.n_ctx}
+    if args.ttl is not None:
+        body["keep_alive"] = args.ttl
+    status, answer = _admin(settings, "/admin/load", body)
+    if status != 200:
+        return _admin_failed(status, answer)
+    row = answer["loaded"]
+    stays = "until unloaded" if row["expires_in_s"] is None else f"{row['expires_in_s']:.0f} s idle"
+    print(
+        f"{row['model']} loaded ({row['backend']}, ctx {row['n_ctx']}, "
+        f"{format_bytes(int(row['memory_bytes']))}); stays {stays}"
+    )
+    return 0
+
+
+def cmd_stop(settings: Settings, args: argparse.Namespace) -> int:
+    if (args.model is None) == (not args.all):
+        sys.stderr.write("localllm: error: name a model to unload, or --all\n")
+        return EXIT_USAGE
+    body = {"all": True} if args.all else {"model": args.model}
+    status, answer = _admin(settings, "/admin/unload", body)
+    if status != 200:
+        return _admin_failed(status, answer)
+    gone = answer["unloaded"]
+    print(f"unloaded {', '.join(gone)}" if gone else "nothing was loaded")
+    return 0
+
+
 def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
     import json
     import urllib.error

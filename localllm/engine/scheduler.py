@@ -119,7 +119,10 @@ class Scheduler:
     # -- the queue ---------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        return bool(self.active or self.waiting)
+        """Something to step: a running request, or a waiting one that can start (or has
+        been cancelled). A request whose prompt is still being read keeps its place in
+        line without making the worker spin."""
+        return bool(self.active) or any(_ready(j) or j.cancel.is_set() for j in self.waiting)
 
     def add(self, job: Any) -> None:
         self._arrivals += 1
@@ -163,18 +166,24 @@ class Scheduler:
         if any(r.exact for r in self.active.values()):
             return  # a deterministic request runs alone
         self.waiting.sort(key=lambda j: (not _interactive(j.request), j.arrival))
-        while self.waiting:
-            job = self.waiting[0]
+        i = 0
+        while i < len(self.waiting):
+            job = self.waiting[i]
             if job.cancel.is_set():
-                self.waiting.pop(0)
+                self.waiting.pop(i)
                 end_unstarted(job, job.ref.name if job.ref else "")
                 self._ended.append((job, END))
                 continue
-            free = [s for s in range(self.model.n_seq) if s not in self.active]
             deterministic = bool(job.request.deterministic)
+            if not _ready(job):  # its prompt is still being read
+                if deterministic:
+                    return  # it holds back those behind it meanwhile too
+                i += 1
+                continue
+            free = [s for s in range(self.model.n_seq) if s not in self.active]
             if not free or (deterministic and self.active):
                 return  # a deterministic request also holds back those behind it
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             try:
                 self._start(job, free)
             except LocalLLMError as exc:
@@ -365,6 +374,12 @@ class Scheduler:
         self.active.pop(r.seq, None)
         self._last_used[r.seq] = time.monotonic()
         self.model.free_sampler(r.sampler)
+
+
+def _ready(job: Any) -> bool:
+    """Whether a waiting job can start: its prompt has been read (jobs without the notion
+    always can)."""
+    return bool(getattr(job, "ready", True))
 
 
 def _interactive(request: Any) -> bool:

@@ -90,6 +90,7 @@ class _Job:
     emit: Callable[[Any], None]
     cancel: threading.Event = field(default_factory=threading.Event)
     load_only: bool = False  # load (or swap to) ref, generate nothing
+    call: Callable[[], Any] | None = None  # run this on the worker; its result is emitted
     progress: Callable[[float], None] | None = None
     n_ctx: int | None = None  # with load_only: the context size to load with
     backend: str | None = None  # with load_only: auto | llamacpp | mlx (None: as before)
@@ -97,6 +98,11 @@ class _Job:
     arrival: int = 0  # order of arrival at its model's scheduler
     submitted: float = field(default_factory=time.monotonic)
     prompt: tuple[list[int], int, int] | None = None  # fit_prompt's answer, once tokenized
+
+    @property
+    def ready(self) -> bool:
+        """Its prompt is tokenized: the scheduler may start it."""
+        return self.prompt is not None
 
     def end(self, item: Any = END) -> None:
         """The job's last item: END, or the error it failed with."""
@@ -283,6 +289,61 @@ class Engine:
             raise item
         assert self._default is not None
         return self._default.model.info
+
+    def _on_worker(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` on the worker thread between steps; its result, or its error raised."""
+        done: queue.Queue[Any] = queue.Queue()
+        self._enqueue(_Job(Request(SamplingParams()), None, done.put, call=fn))
+        result = done.get()  # the result, or the error the call (or the engine) ended with
+        if isinstance(result, BaseException):
+            raise result
+        done.get()  # END
+        return result
+
+    def preload(
+        self,
+        model: str,
+        *,
+        n_ctx: int | None = None,
+        keep_alive: float | None = None,
+        allow_paths: bool = True,
+    ) -> dict[str, Any]:
+        """Load a model beside the default (or reload it at another context) and set how long
+        it stays idle before it unloads (negative: for good); its /health row."""
+        ref = self._resolve(Request(SamplingParams(), model=model, allow_paths=allow_paths))
+        assert ref is not None
+        if n_ctx is not None:
+            trained = fit.trained_context(ref)
+            if trained and n_ctx > trained:
+                raise InvalidRequest(
+                    f"n_ctx {n_ctx} is more than the {trained} tokens {ref.name} was trained for",
+                    param="n_ctx",
+                )
+
+        def load() -> dict[str, Any]:
+            default = self._default is not None and self._default.ref.path == ref.path
+            res = self._ensure_loaded(ref, n_ctx=n_ctx, keep_alive=keep_alive, default=default)
+            return next(r for r in self.resident() if r["model"] == res.ref.name)
+
+        row: dict[str, Any] = self._on_worker(load)
+        return row
+
+    def unload(self, model: str | None) -> list[str]:
+        """Unload a model by name (None: every model, the default too); the names unloaded.
+        Its running requests end with an error saying so."""
+
+        def drop() -> list[str]:
+            gone = []
+            for res in list(self._resident.values()):
+                if res.draft_for is not None:
+                    continue  # goes with its target
+                if model is None or model in (res.ref.name, str(res.ref.path)):
+                    gone.append(res.ref.name)
+                    self._unload(res)
+            return gone
+
+        names: list[str] = self._on_worker(drop)
+        return names
 
     def _ensure_loaded(
         self,
@@ -680,6 +741,10 @@ class Engine:
         """A new job: a load now, or a request handed to its model's scheduler."""
         job.on_end = self._ended
         try:
+            if job.call is not None:
+                job.emit(job.call())
+                job.end()
+                return
             if job.load_only:
                 assert job.ref is not None
                 self._ensure_loaded(job.ref, job.progress, job.n_ctx, job.backend, default=True)
@@ -698,8 +763,8 @@ class Engine:
             job.ref = res.ref
             job.request = dataclasses.replace(request, deterministic=self._deterministic(request))
             res.requests += 1
+            res.scheduler.add(job)  # its place in line is kept while its prompt is read
             if job.prompt is not None:
-                res.scheduler.add(job)
                 return
             res.tokenizing += 1
             self._tokenizers.submit(self._tokenize, job, res)
@@ -724,20 +789,19 @@ class Engine:
     def _tokenized(self, item: _Tokenized) -> None:
         job, res = item.job, item.res
         res.tokenizing -= 1
+        waiting = res.scheduler.waiting
+        if job not in waiting or job.cancel.is_set():
+            return  # ended meanwhile (its model went away), or the scheduler ends it next
         error = item.error
-        if isinstance(error, _Abandoned) or job.cancel.is_set():
-            end_unstarted(job, res.ref.name)
-            job.end()
-        elif isinstance(error, LocalLLMError):
+        if error is None:
+            job.prompt = item.prompt  # ready: the scheduler starts it in its turn
+            return
+        waiting.remove(job)
+        if isinstance(error, LocalLLMError):
             job.end(error)
-        elif error is not None:
+        else:
             log.error("tokenizing a prompt failed", exc_info=error)
             job.end(LocalLLMError(f"internal error: {error}"))
-        elif res not in self._resident.values():  # unloaded meanwhile: load it again
-            self._accept(job)
-        else:
-            job.prompt = item.prompt
-            res.scheduler.add(job)
 
     def _ended(self) -> None:
         with self._lock:
@@ -803,9 +867,8 @@ class Engine:
         for res in list(self._resident.values()):
             rows = res.scheduler.progress()
             out["active"] += len(rows)
-            out["queued"] += len(res.scheduler.waiting)
+            out["queued"] += len(res.scheduler.waiting)  # tokenizing ones included
             out["requests"] += [{"model": res.ref.name, **row} for row in rows]
-            out["queued"] += res.tokenizing
         out["queued"] += self._jobs.qsize()
         return out
 

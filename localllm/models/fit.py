@@ -109,6 +109,14 @@ def from_meta(
     return Estimate(name, weights, per_token * n, buffers(weights), n, per_token)
 
 
+def trained_context(ref: ModelRef) -> int:
+    """The context a model was trained for, from its header; 0 when it does not say."""
+    try:
+        return read_meta(ref.path, ref.format).n_ctx_train
+    except LocalLLMError:
+        return 0
+
+
 def estimate(ref: ModelRef, n_ctx: int | None = None, *, kv_scale: int = 1) -> Estimate:
     """The estimate for a local model, from its header (no weights are read). A damaged
     header is refused here, before any backend reads the file."""

@@ -21,6 +21,7 @@ from localllm.server.guard import Guard, origin_pattern
 from localllm.server.metrics import Telemetry
 from localllm.server.openapi import install_openapi
 from localllm.server.protocol import error_body
+from localllm.server.routes_admin import router as admin_router
 from localllm.server.routes_openai import router
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,7 @@ def create_app(settings: Settings, engine: Engine, accounting: Accounting | None
     app.state.settings = settings
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(admin_router)
     install_openapi(app)
 
     @app.get("/metrics", include_in_schema=False)
@@ -104,7 +106,9 @@ def create_app(settings: Settings, engine: Engine, accounting: Accounting | None
 
     # the paths metrics are labelled with (FastAPI may keep an included router's routes
     # behind one entry of app.routes, so they are read from the router)
-    routes = {str(getattr(r, "path", "")) for r in [*router.routes, *app.routes]}
+    routes = {
+        str(getattr(r, "path", "")) for r in [*router.routes, *admin_router.routes, *app.routes]
+    }
     telemetry = Telemetry(engine, routes)
     app.state.telemetry = telemetry
     # added last = outermost: the guard sees each request first
@@ -119,7 +123,7 @@ def create_app(settings: Settings, engine: Engine, accounting: Accounting | None
     )
     posts = {
         str(getattr(r, "path", ""))
-        for r in [*router.routes, *app.routes]
+        for r in [*router.routes, *admin_router.routes, *app.routes]
         if "POST" in (getattr(r, "methods", None) or ())
     }
     app.add_middleware(

@@ -35,6 +35,8 @@ def _unicode(text: str) -> str:
 
 
 def _name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("a model name is not empty")
     size = len(_unicode(text).encode())
     if size > MAX_NAME_BYTES:
         raise ValueError(f"a model name is at most {MAX_NAME_BYTES} bytes, got {size}")
@@ -213,6 +215,32 @@ class CompletionRequest(SamplingFields):
         if v:
             raise ValueError("echo=true is not supported")
         return v
+
+
+class AdminLoad(_Wire):
+    """POST /admin/load: load a model beside the default, for `ttl` idle seconds."""
+
+    model: Name
+    n_ctx: int | None = Field(default=None, ge=16, le=1 << 20)
+    # seconds or a duration ("10m"); negative: stays loaded for good; None: the setting's
+    keep_alive: float | None = None
+
+    @field_validator("keep_alive", mode="before")
+    @classmethod
+    def _parse_keep_alive(cls, v: object) -> object:
+        return parse_duration(v) if isinstance(v, str) else v
+
+    @field_validator("keep_alive")
+    @classmethod
+    def _check_keep_alive(cls, v: float | None) -> float | None:
+        return None if v is None else check_keep_alive(v)
+
+
+class AdminUnload(_Wire):
+    """POST /admin/unload: one model by name, or all of them."""
+
+    model: Name | None = None
+    all: bool = False
 
 
 # -- responses ------------------------------------------------------------------------

@@ -216,3 +216,29 @@ async def test_a_dead_worker_never_looks_healthy(settings, store, monkeypatch):
     finally:
         engine.close()
         accounting.close()
+
+
+def test_prompts_are_rendered_and_tokenized_off_the_worker(engine: Engine, monkeypatch):
+    """A long or hostile prompt costs a tokenizer thread, not the thread that decodes."""
+    import threading
+
+    engine.load("starter")
+    model = engine._default.model  # type: ignore[union-attr]
+    seen: list[str] = []
+    real_render, real_tokenize = model.render_chat, model.tokenize
+
+    def render_chat(messages: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real_render(messages)
+
+    def tokenize(text: str, **kw: Any) -> Any:
+        seen.append(threading.current_thread().name)
+        return real_tokenize(text, **kw)
+
+    monkeypatch.setattr(model, "render_chat", render_chat)
+    monkeypatch.setattr(model, "tokenize", tokenize)
+    chunks = list(engine.generate(ask("Hi", max_tokens=2)))
+    chunks += list(engine.generate(Request(SamplingParams(temperature=0.0, max_tokens=2),
+                                           prompt="Once upon a time")))
+    assert chunks[-1].finish_reason is not None
+    assert seen and all(name.startswith("localllm-tokenize") for name in seen), seen

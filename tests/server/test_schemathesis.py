@@ -15,12 +15,12 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.conftest import ServerProcess
 
-EXAMPLES = 40  # per operation and phase
+EXAMPLES = 25  # per operation and phase
 
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess(tmp_path_factory.mktemp("schemathesis"), "--ctx", "256")
+    srv = ServerProcess(tmp_path_factory.mktemp("schemathesis"), "--ctx", "64")
     yield srv
     srv.stop()
 
@@ -33,14 +33,28 @@ def api_schema(api_server: ServerProcess) -> schemathesis.BaseSchema:
 schema = schemathesis.pytest.from_fixture("api_schema")
 
 
-@schema.parametrize()
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-    derandomize=True,  # the same requests every run: a failure here is reproducible
-)
-def test_no_5xx_and_every_answer_documented(case: schemathesis.Case) -> None:
+ADMIN_EXAMPLES = 6  # each may reload the model: fewer, but the same checks
+
+_SETTINGS = {
+    "deadline": None,
+    "suppress_health_check": list(HealthCheck),
+    "derandomize": True,  # the same requests every run: a failure here is reproducible
+}
+
+
+def _check(case: schemathesis.Case) -> None:
     # valid-looking requests may still be refused on purpose: a model name that does not
     # exist (404), a prompt longer than the context (400): those are documented answers
     case.call_and_validate(excluded_checks=[positive_data_acceptance])
+
+
+@schema.exclude(path_regex="^/admin/").parametrize()
+@settings(max_examples=EXAMPLES, **_SETTINGS)
+def test_no_5xx_and_every_answer_documented(case: schemathesis.Case) -> None:
+    _check(case)
+
+
+@schema.include(path_regex="^/admin/").parametrize()
+@settings(max_examples=ADMIN_EXAMPLES, **_SETTINGS)
+def test_admin_routes_too(case: schemathesis.Case) -> None:
+    _check(case)
