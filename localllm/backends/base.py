@@ -6,12 +6,12 @@ only through `Backend` and `LoadedModel`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
 
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 DEFAULT_MAX_CTX = 4096  # the context a model gets unless told otherwise, if it was trained longer
 
 
@@ -24,9 +24,21 @@ FinishReason = Literal["stop", "length", "cancelled"]
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call an assistant made: `arguments` is JSON text, as OpenAI sends it."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True)
 class Message:
     role: Role
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
+    tool_call_id: str | None = None  # a tool result: the call it answers
+    name: str | None = None  # a tool result: the function's name
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +53,13 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times a token's count so far
+    presence_penalty: float = 0.0  # minus this once a token has appeared
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    # decoding constrained to a grammar (llguidance's serialized form: engine/grammar.py)
+    grammar: str | None = None
+    # report each token's log probability and this many alternatives (None: none)
+    logprobs: int | None = None
 
     def with_overrides(self, **values: object) -> SamplingParams:
         """A copy with the given fields replaced; a value of None keeps the current one."""
@@ -60,6 +79,17 @@ class GenerationStats:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log probability under the model, and the most likely tokens
+    at its place (id, log probability), best first."""
+
+    token: int
+    logprob: float
+    piece: bytes = b""  # the token's bytes
+    top: tuple[tuple[int, float, bytes], ...] = ()  # (id, log probability, bytes)
+
+
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """One streamed piece: complete UTF-8 text and the token ids it came from."""
 
@@ -68,6 +98,7 @@ class Chunk:
     from_draft: int = 0
     finish_reason: FinishReason | None = None  # exactly one chunk of a stream carries it
     stats: GenerationStats | None = None  # on the final chunk
+    logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +201,12 @@ class LoadedModel(Protocol):
 
     def detokenize(self, tokens: Sequence[int]) -> str: ...
 
-    def render_chat(self, messages: Sequence[Message]) -> list[int]: ...
+    def render_chat(
+        self, messages: Sequence[Message], variables: Mapping[str, Any] | None = None
+    ) -> list[int]:
+        """The prompt for a chat; `variables` go to the template too (`tools`, and the
+        caller's chat_template_kwargs such as `enable_thinking`)."""
+        ...
 
     def stream(
         self,
@@ -247,8 +283,20 @@ class LoadedModel(Protocol):
         """A sampler chain for one sequence (its own temperature, seed, penalties)."""
         ...
 
-    def sample(self, sampler: Any, seq: int, row: int) -> int:
-        """Sample from the row-th logits `seq` asked for in the last step (and accept it)."""
+    def sample(self, sampler: Any, seq: int, row: int, allowed: Any = None) -> int:
+        """Sample from the row-th logits `seq` asked for in the last step (and accept it);
+        `allowed`, a numpy bool array over the vocabulary, rules out the tokens it marks
+        False (constrained decoding)."""
+        ...
+
+    def logits(self, seq: int, row: int) -> Any:
+        """The raw row-th logits of `seq` from the last step, as a numpy float32 array of
+        n_vocab values (a copy: for log probabilities)."""
+        ...
+
+    def vocab_bytes(self) -> tuple[list[bytes], list[int]]:
+        """Every token's bytes (control tokens as their text), and the control tokens'
+        ids: the vocabulary as the grammar engine reads it."""
         ...
 
     def free_sampler(self, sampler: Any) -> None: ...

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from functools import lru_cache
 from types import TracebackType
 from typing import Any, NoReturn
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localllm.backends.base import Message
+from localllm.backends.tools import template_message
 from localllm.errors import InvalidRequest
 
 # Used when a model carries no template: ChatML, the most common instruct format.
@@ -104,27 +108,65 @@ def _strftime_now(fmt: str) -> str:
     return datetime.datetime.now().strftime(fmt)
 
 
+def _tojson(
+    value: Any,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+    ensure_ascii: bool = False,
+) -> str:
+    """JSON as Hugging Face's templates expect it: no HTML escaping (Jinja's own tojson
+    writes < as \u003c) and no ASCII escaping."""
+    return json.dumps(
+        value, indent=indent, separators=separators, sort_keys=sort_keys, ensure_ascii=ensure_ascii
+    )
+
+
+class _Generation(Extension):
+    """`{% generation %}...{% endgeneration %}`: Hugging Face marks the assistant's part for
+    training masks with it; for a prompt its body renders as is."""
+
+    tags = {"generation"}  # noqa: RUF012 (Jinja's declared type)
+
+    def parse(self, parser: Parser) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body, lineno=lineno)
+
+
 @lru_cache(maxsize=8)
 def _compile(source: str) -> Any:
-    env = _Bounded(trim_blocks=True, lstrip_blocks=True)
+    env = _Bounded(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _Generation]
+    )
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     return env.from_string(source)
 
 
 def render(
-    template: str | None, messages: Sequence[Message], *, bos_token: str, eos_token: str
+    template: str | None,
+    messages: Sequence[Message],
+    *,
+    bos_token: str,
+    eos_token: str,
+    variables: Mapping[str, Any] | None = None,
 ) -> str:
-    """The prompt text for `messages`, ending where the assistant's answer begins."""
+    """The prompt text for `messages`, ending where the assistant's answer begins.
+    `variables` (tools, enable_thinking, ...) are passed to the template as well."""
     try:
         compiled = _compile(template or CHATML)
         with _Watchdog(RENDER_SECONDS):
             return _bounded_text(
                 compiled.generate(
-                    messages=[{"role": m.role, "content": m.content} for m in messages],
-                    add_generation_prompt=True,
-                    bos_token=bos_token,
-                    eos_token=eos_token,
+                    {
+                        **(variables or {}),
+                        "messages": [template_message(m) for m in messages],
+                        "add_generation_prompt": True,
+                        "bos_token": bos_token,
+                        "eos_token": eos_token,
+                    }
                 )
             )
     except InvalidRequest:

@@ -5,7 +5,7 @@ that keeps cache hits exact, chat rendering to tokens, and the final chunk.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,12 +29,29 @@ ALIGN = 64
 BATCH = 512  # the most tokens one batched step evaluates (llama.cpp's n_batch)
 
 
-def check_request(n_prompt: int, n_ctx: int, params: SamplingParams) -> None:
+def penalties(params: SamplingParams) -> bool:
+    """Whether a request penalizes repeats (repeat, frequency or presence penalty)."""
+    return (
+        params.repeat_penalty != 1.0
+        or params.frequency_penalty != 0.0
+        or params.presence_penalty != 0.0
+    )
+
+
+def check_request(n_prompt: int, n_ctx: int, params: SamplingParams, n_vocab: int = 0) -> None:
     """Raise before any compute when a request cannot run."""
     if n_prompt == 0:
         raise InvalidRequest("The prompt is empty (0 tokens).", param="prompt")
     if n_prompt >= n_ctx:
         raise ContextOverflow(n_prompt, n_ctx)
+    if params.logit_bias and n_vocab:
+        bad = [tok for tok, _ in params.logit_bias if not 0 <= tok < n_vocab]
+        if bad:
+            raise InvalidRequest(
+                f"logit_bias names token {bad[0]}, which is not in the vocabulary "
+                f"(ids 0 to {n_vocab - 1})",
+                param="logit_bias",
+            )
     if params.max_tokens is not None and params.max_tokens < 1:
         raise InvalidRequest(
             f"max_tokens must be at least 1, got {params.max_tokens}", param="max_tokens"
@@ -155,9 +172,12 @@ def chat_tokens(
     tokenize_special: Callable[[str], list[int]],
     add_bos: bool,
     bos_id: int | None,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Render the chat template and tokenize it, with BOS exactly once when the model wants it."""
-    text = chat_template.render(template, messages, bos_token=bos_text, eos_token=eos_text)
+    text = chat_template.render(
+        template, messages, bos_token=bos_text, eos_token=eos_text, variables=variables
+    )
     tokens = tokenize_special(text)
     if add_bos and bos_id is not None and (not tokens or tokens[0] != bos_id):
         tokens = [bos_id, *tokens]

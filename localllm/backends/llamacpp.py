@@ -20,9 +20,11 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
+
+import numpy as np
 
 from localllm.backends import lazy_pages
 from localllm.backends.base import (
@@ -51,6 +53,7 @@ from localllm.backends.common import (
     emit_chunks,
     final_chunk,
     keep_matching,
+    penalties,
     pick_logprobs,
     reusable_prefix,
 )
@@ -339,7 +342,9 @@ class LlamaCppModel:
         data = b"".join(self._token_bytes(t, special=True) for t in tokens)
         return data.decode("utf-8", "replace")
 
-    def render_chat(self, messages: Sequence[Message]) -> list[int]:
+    def render_chat(
+        self, messages: Sequence[Message], variables: Mapping[str, Any] | None = None
+    ) -> list[int]:
         ll, vocab = self._ll, self._vocab
         bos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_bos(vocab)) or b""
         eos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_eos(vocab)) or b""
@@ -351,6 +356,7 @@ class LlamaCppModel:
             tokenize_special=lambda text: self.tokenize(text, special=True),
             add_bos=self.info.add_bos,
             bos_id=self.info.bos_id,
+            variables=variables,
         )
 
     # -- generation ----------------------------------------------------------------
@@ -464,8 +470,27 @@ class LlamaCppModel:
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
         return self._sampler(params, history)
 
-    def sample(self, sampler: Any, seq: int, row: int) -> int:
-        return int(self._ll.llama_sampler_sample(sampler, self._ctx, self._rows[seq][row]))
+    def sample(self, sampler: Any, seq: int, row: int, allowed: Any = None) -> int:
+        i = self._rows[seq][row]
+        if allowed is not None:  # the sampler chain reads these logits in place
+            self._logits_view(i)[~allowed] = -np.inf
+        return int(self._ll.llama_sampler_sample(sampler, self._ctx, i))
+
+    def _logits_view(self, i: int) -> Any:
+        ptr = self._ll.llama_get_logits_ith(self._ctx, i)
+        return np.ctypeslib.as_array(ptr, shape=(self.info.n_vocab,))
+
+    def logits(self, seq: int, row: int) -> Any:
+        return self._logits_view(self._rows[seq][row]).copy()
+
+    def vocab_bytes(self) -> tuple[list[bytes], list[int]]:
+        ll, vocab = self._ll, self._vocab
+        tokens = [self._token_bytes(t, special=True) for t in range(self.info.n_vocab)]
+        control = ll.LLAMA_TOKEN_ATTR_CONTROL
+        special = [
+            t for t in range(self.info.n_vocab) if ll.llama_vocab_get_attr(vocab, t) & control
+        ]
+        return tokens, special
 
     def free_sampler(self, sampler: Any) -> None:
         self._ll.llama_sampler_free(sampler)
@@ -480,15 +505,22 @@ class LlamaCppModel:
         ll = self._ll
         chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
         add = ll.llama_sampler_chain_add
-        if params.repeat_penalty != 1.0:
+        n_vocab = ll.llama_vocab_n_tokens(self._vocab)
+        if params.logit_bias:
+            biases = (ll.llama_logit_bias * len(params.logit_bias))()
+            for i, (tok, bias) in enumerate(params.logit_bias):
+                biases[i].token, biases[i].bias = tok, bias
+            add(chain, ll.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
+        penalized = penalties(params)
+        if penalized:
             add(
                 chain,
                 ll.llama_sampler_init_penalties(
-                    ll.llama_vocab_n_tokens(self._vocab),
+                    n_vocab,
                     PENALTY_LAST_N,
                     params.repeat_penalty,
-                    0.0,
-                    0.0,
+                    params.frequency_penalty,
+                    params.presence_penalty,
                 ),
             )
         if params.temperature <= 0:
@@ -503,7 +535,7 @@ class LlamaCppModel:
             add(chain, ll.llama_sampler_init_temp(params.temperature))
             seed = params.seed if params.seed is not None else random.getrandbits(32)
             add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        if params.repeat_penalty != 1.0:
+        if penalized:
             for tok in history[-PENALTY_LAST_N:]:
                 ll.llama_sampler_accept(chain, tok)
         return chain
@@ -516,7 +548,7 @@ class LlamaCppModel:
         should_stop: Callable[[], bool],
         drafter: Drafter | None = None,
     ) -> Iterator[Chunk]:
-        check_request(len(prompt), self.info.n_ctx, params)
+        check_request(len(prompt), self.info.n_ctx, params, self.info.n_vocab)
         return self._generate(prompt, params, should_stop, drafter)
 
     def _generate(

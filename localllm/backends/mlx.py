@@ -21,9 +21,11 @@ import logging
 import random
 import struct
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
+
+import numpy as np
 
 from localllm.backends.base import (
     Chunk,
@@ -49,6 +51,7 @@ from localllm.backends.common import (
     emit_chunks,
     final_chunk,
     keep_matching,
+    penalties,
     reusable_prefix,
 )
 from localllm.errors import LocalLLMError, ModelLoadError
@@ -260,7 +263,9 @@ class MlxModel:
         )
         return data.decode("utf-8", "replace")
 
-    def render_chat(self, messages: Sequence[Message]) -> list[int]:
+    def render_chat(
+        self, messages: Sequence[Message], variables: Mapping[str, Any] | None = None
+    ) -> list[int]:
         info = self.info
         return chat_tokens(
             info.chat_template,
@@ -270,6 +275,7 @@ class MlxModel:
             tokenize_special=lambda text: self.tokenize(text, special=True),
             add_bos=info.add_bos,
             bos_id=info.bos_id,
+            variables=variables,
         )
 
     # -- generation ----------------------------------------------------------------
@@ -388,8 +394,30 @@ class MlxModel:
 
         return sample
 
-    def sample(self, sampler: Any, seq: int, row: int) -> int:
-        return int(sampler(self._logits[seq][:, row, :]).item())
+    def sample(self, sampler: Any, seq: int, row: int, allowed: Any = None) -> int:
+        logits = self._logits[seq][:, row, :]
+        if allowed is not None:
+            mx = self._mx
+            width = logits.shape[-1]
+            keep = allowed[:width]
+            if len(keep) < width:  # the output layer is padded past the vocabulary
+                keep = np.concatenate([keep, np.zeros(width - len(keep), dtype=np.bool_)])
+            logits = mx.where(mx.array(keep)[None], logits, -mx.inf)
+        return int(sampler(logits).item())
+
+    def logits(self, seq: int, row: int) -> Any:
+        row_logits = self._logits[seq][0, row, : self.info.n_vocab]
+        return np.array(row_logits.astype(self._mx.float32))
+
+    def vocab_bytes(self) -> tuple[list[bytes], list[int]]:
+        added = self._tok.get_added_tokens_decoder()
+        tokens = list(self._pieces)
+        special = []
+        for i, token in added.items():
+            if i < len(tokens) and token.special:
+                tokens[i] = token.content.encode("utf-8")
+                special.append(i)
+        return tokens, sorted(special)
 
     def free_sampler(self, sampler: Any) -> None:
         pass
@@ -466,9 +494,15 @@ class MlxModel:
         from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
         processors = []
-        if params.repeat_penalty != 1.0:
+        if penalties(params) or params.logit_bias:
             processors = make_logits_processors(
-                repetition_penalty=params.repeat_penalty, repetition_context_size=PENALTY_LAST_N
+                logit_bias=dict(params.logit_bias) or None,
+                repetition_penalty=params.repeat_penalty if params.repeat_penalty != 1 else None,
+                repetition_context_size=PENALTY_LAST_N,
+                presence_penalty=params.presence_penalty or None,
+                presence_context_size=PENALTY_LAST_N,
+                frequency_penalty=params.frequency_penalty or None,
+                frequency_context_size=PENALTY_LAST_N,
             )
         history = [mx.array(list(prompt[-PENALTY_LAST_N:]))]
         if params.temperature <= 0:
@@ -504,7 +538,7 @@ class MlxModel:
         should_stop: Callable[[], bool],
         drafter: Drafter | None = None,
     ) -> Iterator[Chunk]:
-        check_request(len(prompt), self.info.n_ctx, params)
+        check_request(len(prompt), self.info.n_ctx, params, self.info.n_vocab)
         return self._generate(list(prompt), params, should_stop, drafter)
 
     def _step_drafted(

@@ -30,7 +30,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from localllm.backends.base import Chunk, Drafter, FinishReason, LoadedModel, SeqWork
+import numpy as np
+
+from localllm.backends.base import (
+    Chunk,
+    Drafter,
+    FinishReason,
+    LoadedModel,
+    SeqWork,
+    TokenLogprob,
+)
 from localllm.backends.common import (
     ALIGN,
     BATCH,
@@ -41,6 +50,7 @@ from localllm.backends.common import (
     reusable_prefix,
 )
 from localllm.backends.textstream import TextAssembler
+from localllm.engine.grammar import Constraint
 from localllm.engine.stream import END, Started
 from localllm.errors import LocalLLMError
 
@@ -72,6 +82,9 @@ class Running:
     generated: int = 0
     pending: int | None = None  # sampled and sent, not yet evaluated
     counts: DraftCounts = field(default_factory=DraftCounts)
+    constraint: Constraint | None = None  # the grammar its output must follow
+    logprobs: int | None = None  # report log probabilities, with this many alternatives
+    picked: TokenLogprob | None = None  # the last sampled token's, when reported
 
     @property
     def prefilling(self) -> bool:
@@ -210,6 +223,7 @@ class Scheduler:
         limit = model.info.n_ctx - len(prompt)
         if params.max_tokens is not None:
             limit = min(params.max_tokens, limit)
+        constraint = Constraint(model, params.grammar) if params.grammar else None
         self.active[seq] = Running(
             job=job,
             seq=seq,
@@ -225,6 +239,8 @@ class Scheduler:
             drafter=adm.drafter,
             arrival=job.arrival,
             t0=time.perf_counter(),
+            constraint=constraint,
+            logprobs=params.logprobs,
         )
 
     # -- one step ----------------------------------------------------------------------
@@ -254,7 +270,7 @@ class Scheduler:
             if r.prefilling:
                 r.done += len(w.tokens)
                 if w.logits:
-                    self._sampled(r, self.model.sample(r.sampler, r.seq, 0), 0)
+                    self._sampled(r, self._pick(r, 0), 0)
             else:
                 self._verified(r, draft, seconds, alone=len(work) == 1)
 
@@ -298,7 +314,7 @@ class Scheduler:
         return work, plans
 
     def _draft(self, r: Running) -> list[int]:
-        if r.drafter is None or r.pending is None:
+        if r.drafter is None or r.pending is None or r.constraint or r.logprobs is not None:
             return []
         kv = self.model.seq_tokens(r.seq)
         room = min(r.limit - r.generated, self.model.info.n_ctx - len(kv) - 1)
@@ -307,7 +323,7 @@ class Scheduler:
     def _verified(self, r: Running, draft: list[int], seconds: float, *, alone: bool) -> None:
         """After a decode step: keep the drafts the model itself samples, send them and the
         next token."""
-        sampled, n_ok = keep_matching(draft, lambda i: self.model.sample(r.sampler, r.seq, i))
+        sampled, n_ok = keep_matching(draft, lambda i: self._pick(r, i))
         if draft:  # the rejected drafts leave the cache
             self.model.seq_keep(r.seq, len(self.model.seq_tokens(r.seq)) - len(draft) + n_ok)
             r.counts.proposed += len(draft)
@@ -318,6 +334,18 @@ class Scheduler:
             if not self._sampled(r, kept, 1):
                 return
         self._sampled(r, sampled, 0)
+
+    def _pick(self, r: Running, row: int) -> int:
+        """Sample `r`'s next token from a row of the last step's logits, within its grammar,
+        noting its log probability when the request asked for them."""
+        logits = self.model.logits(r.seq, row) if r.logprobs is not None else None
+        allowed = r.constraint.allowed() if r.constraint is not None else None
+        tok = self.model.sample(r.sampler, r.seq, row, allowed)
+        if r.constraint is not None:
+            r.constraint.accept(tok)
+        if logits is not None:
+            r.picked = token_logprob(logits, tok, r.logprobs or 0, self.model.piece)
+        return tok
 
     def _sampled(self, r: Running, tok: int, from_draft: int) -> bool:
         """Send one generated token; False when the request ended with it."""
@@ -330,8 +358,10 @@ class Scheduler:
         r.generated += 1
         if r.generated == 1:
             r.t_first = time.perf_counter()
-        self._send(r, Chunk(r.text.push(self.model.piece(tok)), (tok,), from_draft=from_draft))
-        if r.text.stopped:
+        picked = () if r.picked is None else (r.picked,)
+        text = r.text.push(self.model.piece(tok))
+        self._send(r, Chunk(text, (tok,), from_draft=from_draft, logprobs=picked))
+        if r.text.stopped or (r.constraint is not None and r.constraint.done):
             self._finish(r, "stop")
             return False
         if r.generated >= r.limit:
@@ -374,6 +404,19 @@ class Scheduler:
         self.active.pop(r.seq, None)
         self._last_used[r.seq] = time.monotonic()
         self.model.free_sampler(r.sampler)
+
+
+def token_logprob(logits: Any, token: int, top: int, piece: Callable[[int], bytes]) -> TokenLogprob:
+    """A token's log probability under raw logits, and the `top` most likely tokens'."""
+    x = np.asarray(logits, dtype=np.float64)
+    peak = x.max()
+    norm = peak + np.log(np.exp(x - peak).sum())
+    best: tuple[tuple[int, float, bytes], ...] = ()
+    if top > 0:
+        ids = np.argpartition(-x, top - 1)[:top]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = tuple((int(i), float(x[i] - norm), piece(int(i))) for i in ids)
+    return TokenLogprob(token, float(x[token] - norm), piece(token), best)
 
 
 def _ready(job: Any) -> bool:

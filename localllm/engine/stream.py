@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from localllm.backends.base import Chunk
+from localllm.backends.base import Chunk, TokenLogprob
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,7 @@ class Started:
     prompt_tokens: int
     dropped_messages: int = 0  # by the truncate-oldest policy
     prompt_tokens_before: int = 0  # the prompt's length before those were dropped
+    tool_format: str | None = None  # how the reply writes tool calls (backends/tools.py)
 
 
 END = object()  # the worker's last item for a request
@@ -124,27 +125,36 @@ class ChunkStream:
         that arrived before it (what waited in the queue is taken first, so the screen
         is never an interval behind the model).
         """
+        async for text, _, final in self.pieces(due_in):
+            yield text, final
+
+    async def pieces(
+        self, due_in: Callable[[], float]
+    ) -> AsyncIterator[tuple[str, list[TokenLogprob], Chunk | None]]:
+        """As `batches`, with the log probabilities of each piece's tokens (when asked)."""
         pending = ""
+        scores: list[TokenLogprob] = []
         while True:
             if pending and not self._items and due_in() == 0.0:
-                yield pending, None
-                pending = ""
+                yield pending, scores, None
+                pending, scores = "", []
             try:
                 # before a piece is due, tokens need not wake us; after it, the next one does
                 chunk = await self.next(due_in() or None)
             except StopAsyncIteration:
                 if pending:
-                    yield pending, None
+                    yield pending, scores, None
                 return
             except Exception:
                 if pending:
-                    yield pending, None  # what arrived before the failure
+                    yield pending, scores, None  # what arrived before the failure
                 raise
             if chunk is None:
                 continue
+            scores += chunk.logprobs
             if chunk.finish_reason is not None:
-                yield pending + chunk.text, chunk
-                pending = ""
+                yield pending + chunk.text, scores, chunk
+                pending, scores = "", []
             else:
                 pending += chunk.text
 

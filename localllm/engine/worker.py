@@ -15,18 +15,19 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import json
 import logging
 import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from localllm.backends import apple_silicon
+from localllm.backends import apple_silicon, tools
 from localllm.backends.base import (
     Chunk,
     LoadedModel,
@@ -37,7 +38,9 @@ from localllm.backends.base import (
     SamplingParams,
 )
 from localllm.backends.common import check_request
+from localllm.backends.tools import ToolSpec
 from localllm.config import DEFAULT_PARALLEL, Settings
+from localllm.engine import grammar
 from localllm.engine.placement import Plan, plan, prepare
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
 from localllm.engine.scheduler import Admission, Running, Scheduler, end_unstarted
@@ -81,6 +84,8 @@ class Request:
     client: str = "local"  # who asked, for usage accounting: a key's name, "chat", ...
     request_id: str | None = None  # the endpoint's id for the request (access log, metrics)
     allow_paths: bool = True  # may `model` be a file or folder path (API: a setting)
+    tools: ToolSpec | None = None  # functions the model may call, and the caller's choice
+    template_vars: Mapping[str, Any] | None = None  # chat_template_kwargs (enable_thinking)
 
 
 @dataclass(slots=True)
@@ -98,6 +103,7 @@ class _Job:
     arrival: int = 0  # order of arrival at its model's scheduler
     submitted: float = field(default_factory=time.monotonic)
     prompt: tuple[list[int], int, int] | None = None  # fit_prompt's answer, once tokenized
+    tool_format: str | None = None  # with tools: how the model writes calls
 
     @property
     def ready(self) -> bool:
@@ -142,6 +148,8 @@ class _Tokenized:
     res: Resident
     prompt: tuple[list[int], int, int] | None
     error: BaseException | None
+    request: Request | None = None  # the request with its tool grammar, when it has one
+    tool_format: str | None = None
 
 
 class Engine:
@@ -782,7 +790,9 @@ class Engine:
             request, info = job.request, res.model.info
             if request.prompt_tokens is not None:
                 check_token_ids(info, request.prompt_tokens)
-            self._jobs.put(_Tokenized(job, res, fit_prompt(res.model, request), None))
+            request, fmt = with_tool_grammar(res.model, request)
+            prompt = fit_prompt(res.model, request)
+            self._jobs.put(_Tokenized(job, res, prompt, None, request, fmt))
         except BaseException as exc:
             self._jobs.put(_Tokenized(job, res, None, exc))
 
@@ -794,6 +804,9 @@ class Engine:
             return  # ended meanwhile (its model went away), or the scheduler ends it next
         error = item.error
         if error is None:
+            if item.request is not None:
+                job.request = item.request
+            job.tool_format = item.tool_format
             job.prompt = item.prompt  # ready: the scheduler starts it in its turn
             return
         waiting.remove(job)
@@ -820,12 +833,18 @@ class Engine:
         model, key = res.model, res.cache_key
 
         def admit(job: _Job) -> Admission:
+            if job.prompt is None:  # not read ahead on a tokenizer thread
+                job.request, job.tool_format = with_tool_grammar(model, job.request)
+                job.prompt = fit_prompt(model, job.request)
             request = job.request
-            tokens, dropped, before = job.prompt or fit_prompt(model, request)
-            check_request(len(tokens), model.info.n_ctx, request.params)
-            started = Started(res.ref.name, len(tokens), dropped, before)
+            tokens, dropped, before = job.prompt
+            check_request(len(tokens), model.info.n_ctx, request.params, model.info.n_vocab)
+            started = Started(res.ref.name, len(tokens), dropped, before, job.tool_format)
             exact = bool(request.deterministic)  # the setting's when the request is silent
-            drafter = self.speculation.drafter(request, res.ref, model)
+            params = request.params
+            # a grammar or log probabilities go token by token: no drafts to verify
+            plain = params.grammar is None and params.logprobs is None
+            drafter = self.speculation.drafter(request, res.ref, model) if plain else None
             self.totals["requests"] += 1
             return Admission(tokens, started, drafter, exact)
 
@@ -953,7 +972,7 @@ def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, in
         dropped += 1
         if rest[0].role == "assistant" and len(rest) > 1:
             rest, dropped = rest[1:], dropped + 1  # a turn starts with the user
-        tokens = model.render_chat([*system, *rest])
+        tokens = render_messages(model, request, [*system, *rest])
         if len(tokens) < n_ctx:
             log.info("dropped the %d oldest messages to fit %d tokens", dropped, n_ctx)
             return tokens, dropped, before
@@ -994,7 +1013,7 @@ def render_prompt(model: LoadedModel, request: Request) -> list[int]:
     """The prompt tokens for a request: chat template, raw text, FIM, or given tokens."""
     info = model.info
     if request.messages is not None:
-        return model.render_chat(request.messages)
+        return render_messages(model, request, request.messages)
     if request.prompt_tokens is not None:
         return list(request.prompt_tokens)
     bos = [info.bos_id] if info.add_bos and info.bos_id is not None else []
@@ -1006,3 +1025,48 @@ def render_prompt(model: LoadedModel, request: Request) -> list[int]:
     fim = info.fim
     prefix, suffix = model.tokenize(prompt), model.tokenize(request.suffix)
     return [*bos, fim.prefix, *prefix, fim.suffix, *suffix, fim.middle]
+
+
+def render_messages(model: LoadedModel, request: Request, messages: Sequence[Message]) -> list[int]:
+    """A chat's prompt: the template gets the tools when it knows them; a template that
+    does not gets them described in a system message and the calls and results
+    rewritten as turns it takes (backends/tools.py)."""
+    fmt = tools.format_for(model.info.chat_template)
+    spec = request.tools
+    variables = dict(request.template_vars or {})
+    if fmt == "generic":
+        return model.render_chat(tools.generic_messages(messages, spec), variables)
+    if spec is not None and spec.choice.mode != "none":
+        variables["tools"] = [{"type": "function", "function": f} for f in spec.offered()]
+    return model.render_chat(messages, variables)
+
+
+def with_tool_grammar(model: LoadedModel, request: Request) -> tuple[Request, str | None]:
+    """The request with the grammar its tool calls must follow (when its choice or the
+    template's format needs one), and the format the reply is read in."""
+    spec = request.tools
+    if spec is None or request.messages is None:
+        return request, None
+    fmt = tools.format_for(model.info.chat_template)
+    if spec.choice.mode == "none":
+        return request, None
+    if not tools.constrained(fmt, spec):
+        return request, fmt
+    if request.params.grammar is not None:
+        raise InvalidRequest(
+            "response_format cannot be combined with tools the model must call "
+            f"(tool_choice {spec.choice.mode!r}, or a model whose template has no tool "
+            "format); send one of them",
+            param="response_format",
+        )
+
+    def marker(text: str) -> str:
+        ids = model.tokenize(text, special=True)
+        if len(ids) == 1 and not model.piece(ids[0]):  # a control token: named by its id
+            return f"<[{ids[0]}]>"
+        return json.dumps(text)
+
+    source = tools.lark_grammar(fmt, spec, marker)
+    compiled = grammar.from_lark(source, param="tools")
+    params = dataclasses.replace(request.params, grammar=compiled)
+    return dataclasses.replace(request, params=params), fmt

@@ -46,6 +46,11 @@ def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
     msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
     if err.get("type") == "missing":
         return f"'{field}' is required", field
+    if err.get("type") == "extra_forbidden":
+        return (
+            f"'{field}' is not supported by localllm; remove it from the request",
+            field,
+        )
     if field is None:
         return f"The request body is invalid: {msg}", None
     value = err.get("input")
@@ -69,10 +74,9 @@ def install_error_handlers(app: FastAPI) -> None:
         message, field = _describe(errors[0]) if errors else ("invalid request", None)
         if len(errors) > 1:
             message += f" (and {len(errors) - 1} more problem(s))"
-        code = (
-            "invalid_json"
-            if errors and errors[0].get("type") == "json_invalid"
-            else ("invalid_value")
+        first = errors[0].get("type") if errors else None
+        code = {"json_invalid": "invalid_json", "extra_forbidden": "unsupported_parameter"}.get(
+            str(first), "invalid_value"
         )
         return error_response(400, message, "invalid_request_error", field, code)
 

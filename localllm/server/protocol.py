@@ -10,12 +10,24 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from localllm.backends.base import Chunk, FinishReason, GenerationStats, Message, SamplingParams
+from localllm.backends.base import (
+    Chunk,
+    FinishReason,
+    GenerationStats,
+    Message,
+    SamplingParams,
+    TokenLogprob,
+    ToolCall,
+)
+from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.config import MAX_KEEP_ALIVE_S
+from localllm.engine import grammar
+from localllm.errors import InvalidRequest
 
 MAX_STOP_STRINGS = 16
 MAX_NAME_BYTES = 255  # a model or draft model name
@@ -49,9 +61,10 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 
 
 class _Wire(BaseModel):
-    # Clients send many optional OpenAI fields (user, logprobs=false, ...): ignore unknown keys.
+    # A field we do not know is refused by name (a 400), never ignored: a client that sends
+    # `tools` or `response_format` must not get an answer that silently went without them.
     # Strict types: 0 is not false and false is not a token id (integers still pass as floats).
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class TextPart(_Wire):
@@ -59,17 +72,97 @@ class TextPart(_Wire):
     text: Text
 
 
+class ImagePart(_Wire):
+    type: Literal["image_url"]
+    image_url: dict[str, Any]
+
+
+class FunctionCall(_Wire):
+    name: Text
+    arguments: Text
+
+
+class ToolCallIn(_Wire):
+    id: Text
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Wire):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart] | None = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart | ImagePart] | None = None
+    name: Text | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: Text | None = None
 
     def to_message(self) -> Message:
         if isinstance(self.content, list):
-            text = "".join(part.text for part in self.content)
+            if any(isinstance(part, ImagePart) for part in self.content):
+                raise InvalidRequest(
+                    "This model has no vision support: it cannot read image_url parts. "
+                    "Send text, or load a model that reads images.",
+                    param="messages",
+                    code="vision_not_supported",
+                )
+            text = "".join(part.text for part in self.content if isinstance(part, TextPart))
         else:
             text = self.content or ""
         role = "system" if self.role == "developer" else self.role
-        return Message(role=role, content=text)
+        calls = tuple(
+            ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or ()
+        )
+        name = self.name if role == "tool" else None
+        return Message(role, text, tool_calls=calls, tool_call_id=self.tool_call_id, name=name)
+
+
+_FUNCTION_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class FunctionDef(_Wire):
+    name: str = Field(pattern=_FUNCTION_NAME)
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Wire):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Wire):
+    name: str = Field(pattern=_FUNCTION_NAME)
+
+
+class NamedToolChoice(_Wire):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Wire):
+    name: str = Field(default="response", pattern=_FUNCTION_NAME)
+    description: Text | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def grammar(self) -> str | None:
+        """The grammar for this format (None: free text); InvalidRequest for a schema the
+        grammar engine cannot honour, naming what it is."""
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return grammar.any_json_object()
+        if self.json_schema is None:
+            raise InvalidRequest(
+                "response_format of type json_schema needs a json_schema object",
+                param="response_format",
+            )
+        return grammar.from_json_schema(self.json_schema.schema_ or {"type": "object"})
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -125,6 +218,10 @@ class SamplingFields(_Wire):
     seed: int | None = None
     stop: Text | list[Text] | None = None
     n: int | None = Field(default=None, ge=1)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: Text | None = None  # an end user's id, for the caller's own records: not used
     # extension: how long an on-demand model stays loaded after this request, like
     # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
     keep_alive: float | None = None
@@ -170,8 +267,25 @@ class SamplingFields(_Wire):
             raise ValueError(f"only n=1 is supported, got n={v}")
         return v
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_bias(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key, bias in (v or {}).items():
+            if not key.isdigit() or int(key) > MAX_TOKEN_ID:
+                raise ValueError(f"logit_bias keys are token ids, got {key!r}")
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"a logit bias is from -100 to 100, got {bias} for token {key}")
+        return v
+
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+    def report_logprobs(self) -> int | None:
+        """How many alternatives to report with each token's log probability (None: none)."""
+        return None
+
+    def grammar(self) -> str | None:
+        return None
 
     def sampling(self) -> SamplingParams:
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
@@ -181,24 +295,81 @@ class SamplingFields(_Wire):
             top_k=self.top_k,
             min_p=self.min_p,
             repeat_penalty=self.repeat_penalty,
+            frequency_penalty=self.frequency_penalty,
+            presence_penalty=self.presence_penalty,
+            logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()) or None,
             seed=self.seed,
             max_tokens=self.token_limit(),
             stop=tuple(s for s in stop if s),
+            grammar=self.grammar(),
+            logprobs=self.report_logprobs(),
         )
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    # extension (vLLM, SGLang and llama-server take it too): values for the chat template,
+    # such as {"enable_thinking": false}
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def report_logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def grammar(self) -> str | None:
+        return self.response_format.grammar() if self.response_format else None
+
+    def tool_spec(self) -> ToolSpec | None:
+        """The tools and the choice among them; InvalidRequest when they disagree."""
+        choice = self.tool_choice
+        if not self.tools:
+            if choice in ("required",) or isinstance(choice, NamedToolChoice):
+                raise InvalidRequest(
+                    "tool_choice asks for a tool call but the request has no tools",
+                    param="tool_choice",
+                )
+            return None
+        names = [t.function.name for t in self.tools]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidRequest(f"two tools have the name {twice[0]!r}", param="tools")
+        for t in self.tools:
+            if t.function.parameters is not None:
+                grammar.from_json_schema(t.function.parameters, param="tools")
+        parallel = self.parallel_tool_calls is not False
+        if isinstance(choice, NamedToolChoice):
+            if choice.function.name not in names:
+                raise InvalidRequest(
+                    f"tool_choice names {choice.function.name!r}, which is not among the "
+                    f"tools ({', '.join(names)})",
+                    param="tool_choice",
+                )
+            picked = ToolChoice("function", choice.function.name, parallel)
+        else:
+            picked = ToolChoice(choice or "auto", None, parallel)
+        functions = tuple(t.function.model_dump(exclude_none=True) for t in self.tools)
+        return ToolSpec(tuple({"type": "function", "function": f} for f in functions), picked)
 
 
 class CompletionRequest(SamplingFields):
     prompt: Text | list[Text] | list[TokenId]
     suffix: Text | None = None
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def report_logprobs(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -277,18 +448,27 @@ def wire_finish(reason: FinishReason | None) -> str | None:
     return "stop" if reason == "cancelled" else reason
 
 
+Scores = Sequence[TokenLogprob]
+
+
+def _token_text(piece: bytes) -> str:
+    return piece.decode("utf-8", "replace")
+
+
 class Shapes:
-    """The JSON bodies of one response: whole, or as stream frames."""
+    """The JSON bodies of one response: whole, or as stream frames. `scores` are the log
+    probabilities of the tokens in a piece (when the request asked for them, else None)."""
 
     object_full = ""
     object_chunk = ""
     prefix = ""
 
-    def __init__(self, model: str, prompt_tokens: int) -> None:
+    def __init__(self, model: str, prompt_tokens: int, *, logprobs: bool = False) -> None:
         self.id = new_id(self.prefix)
         self.created = now()
         self.model = model
         self.prompt_tokens = prompt_tokens
+        self.logprobs = logprobs
         # set when the truncate-oldest policy dropped messages: said in the final bodies
         self.truncated: dict[str, int] | None = None
 
@@ -309,58 +489,148 @@ class Shapes:
             body["truncated"] = self.truncated
         return body
 
-    def _choice(self, text: str, finish: FinishReason | None, *, whole: bool) -> dict:
+    def _choice(
+        self,
+        text: str,
+        finish: FinishReason | None,
+        scores: Scores,
+        calls: Sequence[ToolCall],
+        *,
+        whole: bool,
+    ) -> dict:
         raise NotImplementedError
 
-    def full(self, text: str, final: Chunk) -> dict:
-        choice = self._choice(text, final.finish_reason, whole=True)
+    def full(
+        self, text: str, final: Chunk, scores: Scores = (), calls: Sequence[ToolCall] = ()
+    ) -> dict:
+        choice = self._choice(text, final.finish_reason, scores, calls, whole=True)
         use = usage(final.stats, self.prompt_tokens)
         return self._said(self._body(self.object_full, [choice], use))
 
-    def delta(self, text: str) -> dict:
-        return self._body(self.object_chunk, [self._choice(text, None, whole=False)])
+    def delta(self, text: str, scores: Scores = ()) -> dict:
+        return self._body(self.object_chunk, [self._choice(text, None, scores, (), whole=False)])
 
-    def closing(self, final: Chunk, text: str, *, include_usage: bool) -> list[dict]:
-        out = [
-            self._said(
-                self._body(
-                    self.object_chunk, [self._choice(text, final.finish_reason, whole=False)]
-                )
-            )
-        ]
+    def closing(
+        self,
+        final: Chunk,
+        text: str,
+        scores: Scores = (),
+        calls: Sequence[ToolCall] = (),
+        *,
+        include_usage: bool,
+    ) -> list[dict]:
+        choice = self._choice(text, final.finish_reason, scores, calls, whole=False)
+        out = [self._said(self._body(self.object_chunk, [choice]))]
         if include_usage:
             out.append(self._body(self.object_chunk, [], usage(final.stats, self.prompt_tokens)))
         return out
 
 
+def _wire_call(call: ToolCall, index: int | None = None) -> dict:
+    out: dict[str, Any] = {} if index is None else {"index": index}
+    out.update(
+        id=call.id,
+        type="function",
+        function={"name": call.name, "arguments": call.arguments},
+    )
+    return out
+
+
 class ChatShapes(Shapes):
     object_full, object_chunk, prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def __init__(self, model: str, prompt_tokens: int) -> None:
-        super().__init__(model, prompt_tokens)
+    def __init__(self, model: str, prompt_tokens: int, *, logprobs: bool = False) -> None:
+        super().__init__(model, prompt_tokens, logprobs=logprobs)
         self._first = True
 
-    def _choice(self, text: str, finish: FinishReason | None, *, whole: bool) -> dict:
+    def _scores(self, scores: Scores) -> dict | None:
+        if not self.logprobs:
+            return None
+        return {
+            "content": [
+                {
+                    "token": _token_text(s.piece),
+                    "logprob": s.logprob,
+                    "bytes": list(s.piece),
+                    "top_logprobs": [
+                        {"token": _token_text(b), "logprob": lp, "bytes": list(b)}
+                        for _, lp, b in s.top
+                    ],
+                }
+                for s in scores
+            ]
+        }
+
+    def _choice(
+        self,
+        text: str,
+        finish: FinishReason | None,
+        scores: Scores,
+        calls: Sequence[ToolCall],
+        *,
+        whole: bool,
+    ) -> dict:
+        reason = "tool_calls" if calls else wire_finish(finish)
         if whole:
+            message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if calls:
+                message["tool_calls"] = [_wire_call(c) for c in calls]
+            elif not text:
+                message["content"] = ""
             return {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": wire_finish(finish),
+                "message": message,
+                "logprobs": self._scores(scores),
+                "finish_reason": reason,
             }
-        delta: dict[str, str] = {"content": text} if text or self._first else {}
+        delta: dict[str, Any] = {"content": text} if text or self._first else {}
         if self._first:
             delta["role"] = "assistant"
             self._first = False
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": wire_finish(finish)}
+        if calls:
+            delta["tool_calls"] = [_wire_call(c, i) for i, c in enumerate(calls)]
+        logprobs = self._scores(scores) if scores else None
+        return {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
 
 
 class TextShapes(Shapes):
     object_full = object_chunk = "text_completion"
     prefix = "cmpl"
 
-    def _choice(self, text: str, finish: FinishReason | None, *, whole: bool) -> dict:
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": wire_finish(finish)}
+    def __init__(self, model: str, prompt_tokens: int, *, logprobs: bool = False) -> None:
+        super().__init__(model, prompt_tokens, logprobs=logprobs)
+        self._offset = 0  # characters of text before the next token (text_offset)
+
+    def _scores(self, scores: Scores) -> dict | None:
+        if not self.logprobs:
+            return None
+        offsets = []
+        for s in scores:
+            offsets.append(self._offset)
+            self._offset += len(_token_text(s.piece))
+        return {
+            "tokens": [_token_text(s.piece) for s in scores],
+            "token_logprobs": [s.logprob for s in scores],
+            "top_logprobs": [{_token_text(b): lp for _, lp, b in s.top} for s in scores],
+            "text_offset": offsets,
+        }
+
+    def _choice(
+        self,
+        text: str,
+        finish: FinishReason | None,
+        scores: Scores,
+        calls: Sequence[ToolCall],
+        *,
+        whole: bool,
+    ) -> dict:
+        logprobs = self._scores(scores) if (whole or scores) else None
+        return {
+            "index": 0,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": wire_finish(finish),
+        }
 
 
 def model_list(names: list[str], created: int) -> dict:

@@ -8,7 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from localllm.backends.base import Chunk
+from localllm.backends.base import Chunk, TokenLogprob, ToolCall
+from localllm.backends.tools import ReplyReader, ToolFormat
 from localllm.config import Settings
 from localllm.engine.stream import ChunkStream
 from localllm.engine.worker import Engine
@@ -44,7 +45,7 @@ def _who(request: Request) -> dict[str, Any]:
     }
 
 
-async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
+async def _collect(stream: ChunkStream, request: Request) -> tuple[str, list[TokenLogprob], Chunk]:
     """Gather a whole answer; cancel the generation if the client goes away meanwhile.
 
     Tokens do not wake this reader one by one (it asks for the next chunk with a
@@ -54,6 +55,7 @@ async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
 
     watcher = asyncio.create_task(_cancel_on_disconnect(stream, request))
     parts: list[str] = []
+    scores: list[TokenLogprob] = []
     final: Chunk | None = None
     try:
         while True:
@@ -63,13 +65,14 @@ async def _collect(stream: ChunkStream, request: Request) -> tuple[str, Chunk]:
                 break
             if chunk is not None:
                 parts.append(chunk.text)
+                scores += chunk.logprobs
                 if chunk.finish_reason is not None:
                     final = chunk
     finally:
         watcher.cancel()
         stream.cancel()
     assert final is not None, "a stream always ends with a final chunk"
-    return "".join(parts), final
+    return "".join(parts), scores, final
 
 
 def _interval(request: Request) -> float:
@@ -95,21 +98,41 @@ async def _respond(
         raise
     finally:
         watcher.cancel()
-    shapes = kind(started.model, started.prompt_tokens)
+    shapes = kind(started.model, started.prompt_tokens, logprobs=req.params.logprobs is not None)
     if started.dropped_messages:
         shapes.truncated = {
             "dropped_messages": started.dropped_messages,
             "prompt_tokens_before": started.prompt_tokens_before,
         }
+    reader = None
+    if req.tools is not None and started.tool_format is not None:
+        fmt: ToolFormat = started.tool_format  # type: ignore[assignment]
+        reader = ReplyReader(fmt, req.tools.names())
     if not body.stream:
-        text, final = await _collect(stream, request)
-        return JSONResponse(shapes.full(text, final))
+        text, scores, final = await _collect(stream, request)
+        if reader is None:
+            return JSONResponse(shapes.full(text, final, scores))
+        reader.feed(text)
+        parsed = reader.close()
+        return JSONResponse(shapes.full(parsed.content, final, scores, parsed.calls))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def closing(final: Chunk, text: str) -> list[dict]:
-        return shapes.closing(final, text, include_usage=include_usage)
+    def piece(text: str, scores: list[TokenLogprob]) -> dict | None:
+        if reader is not None:
+            text = reader.feed(text)
+            if not text and not scores:
+                return None
+        return shapes.delta(text, scores)
 
-    return _sse(sse_frames(stream, shapes.delta, closing, interval_s=_interval(request)))
+    def closing(final: Chunk, text: str, scores: list[TokenLogprob]) -> list[dict]:
+        calls: list[ToolCall] = []
+        if reader is not None:
+            text = reader.feed(text)
+            rest = reader.close()
+            text, calls = text + rest.content, rest.calls
+        return shapes.closing(final, text, scores, calls, include_usage=include_usage)
+
+    return _sse(sse_frames(stream, piece, closing, interval_s=_interval(request)))
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -123,6 +146,8 @@ async def chat_completions(
         messages=messages,
         model=body.model,
         context_policy=policy,
+        tools=body.tool_spec(),
+        template_vars=body.chat_template_kwargs,
         **body.extensions(),
         **_who(request),
     )

@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 
-from localllm.backends.base import Chunk
+from localllm.backends.base import Chunk, TokenLogprob
 from localllm.engine.stream import ChunkStream
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -20,12 +20,12 @@ def frame(payload: dict) -> bytes:
 
 async def sse_frames(
     stream: ChunkStream,
-    on_text: Callable[[str], dict],
-    on_final: Callable[[Chunk, str], list[dict]],
+    on_text: Callable[[str, list[TokenLogprob]], dict | None],
+    on_final: Callable[[Chunk, str, list[TokenLogprob]], list[dict]],
     *,
     interval_s: float,
 ) -> AsyncIterator[bytes]:
-    """Frames for a stream.
+    """Frames for a stream (`on_text` may hold a piece back by answering None).
 
     The first text goes out at once; after that, text is sent at most every
     `interval_s` (tokens that arrive meanwhile share a frame). Each frame costs the
@@ -38,12 +38,14 @@ async def sse_frames(
         return max(0.0, last_sent + interval_s - time.monotonic())
 
     try:
-        async for text, final in stream.batches(due_in):
+        async for text, scores, final in stream.pieces(due_in):
             if final is None:
-                yield frame(on_text(text))
+                payload = on_text(text, scores)
+                if payload is not None:
+                    yield frame(payload)
                 last_sent = time.monotonic()
             else:
-                for payload in on_final(final, text):
+                for payload in on_final(final, text, scores):
                     yield frame(payload)
         yield DONE
     finally:

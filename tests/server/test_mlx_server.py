@@ -58,3 +58,31 @@ def test_errors_keep_the_openai_shape_on_mlx(mlx_server: ServerProcess):
         )
     assert err.value.code == "context_length_exceeded"
     assert "512" in err.value.message
+
+
+def test_constrained_output_on_mlx(mlx_server: ServerProcess):
+    """A JSON schema and a required tool call hold on the MLX backend too."""
+    import json
+
+    import jsonschema
+
+    client = openai.OpenAI(base_url=mlx_server.base + "/v1", api_key="unused", max_retries=0)
+    schema = {"type": "object", "properties": {"color": {"enum": ["blue", "grey", "red"]},
+                                               "why": {"type": "string", "maxLength": 40}},
+              "required": ["color", "why"]}
+    r = client.chat.completions.create(
+        model="starter", messages=ASK, temperature=0.7, seed=1, max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+        logprobs=True)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens
+    tools = [{"type": "function", "function": {"name": "look_up", "parameters": {
+        "type": "object", "properties": {"topic": {"type": "string", "maxLength": 30}},
+        "required": ["topic"]}}}]
+    call = client.chat.completions.create(
+        model="starter", messages=ASK, tools=tools, tool_choice="required",
+        parallel_tool_calls=False, temperature=0, max_tokens=60)
+    assert call.choices[0].finish_reason == "tool_calls"
+    (made,) = call.choices[0].message.tool_calls
+    assert made.function.name == "look_up" and "topic" in json.loads(made.function.arguments)

@@ -1,0 +1,394 @@
+"""Tool calls: how a model's template is told about tools, how its replies are read back,
+and the grammars that make a required call always parse.
+
+Each model family writes calls its own way, and its chat template says which:
+
+- "hermes" (Hermes, Qwen 2.5/3): `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`
+- "llama3" (Llama 3.1-3.3): a JSON object `{"name": ..., "parameters": {...}}`
+- "mistral": `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`
+- "generic": a template that knows no tools (the starter's, Gemma's). The server then
+  describes the tools in a system message and asks for one JSON object, either
+  `{"tool_calls": [{"name": ..., "arguments": {...}}]}` or `{"content": "..."}`; the
+  reply is always constrained to that shape, so it always parses. Earlier calls and the
+  tools' results are rewritten as assistant and user turns, which every template takes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from localllm.backends.base import Message, ToolCall
+
+ToolFormat = Literal["hermes", "llama3", "mistral", "generic"]
+
+
+def format_for(template: str | None) -> ToolFormat:
+    """The tool-call format a chat template speaks."""
+    source = template or ""
+    if "tools" not in source:
+        return "generic"
+    if "<tool_call>" in source:
+        return "hermes"
+    if "[TOOL_CALLS]" in source:
+        return "mistral"
+    if "<|python_tag|>" in source or "ipython" in source:
+        return "llama3"
+    return "generic"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    """What the request allows: "auto", "none", "required", or one named function."""
+
+    mode: Literal["auto", "none", "required", "function"] = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """The tools of a request, as the template receives them, and the caller's choice."""
+
+    tools: tuple[dict[str, Any], ...]
+    choice: ToolChoice = field(default_factory=ToolChoice)
+
+    def functions(self) -> list[dict[str, Any]]:
+        return [t["function"] for t in self.tools]
+
+    def names(self) -> list[str]:
+        return [f["name"] for f in self.functions()]
+
+    def offered(self) -> list[dict[str, Any]]:
+        """The functions the model may call under the choice."""
+        if self.choice.mode == "function":
+            return [f for f in self.functions() if f["name"] == self.choice.name]
+        return self.functions()
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+# -- prompts ------------------------------------------------------------------------
+
+
+def generic_instructions(spec: ToolSpec) -> str:
+    """The system text that teaches a template without tools the JSON reply format."""
+    lines = [
+        "You can call these tools. Each is described in JSON Schema:",
+        *(json.dumps(f, ensure_ascii=False) for f in spec.offered()),
+        "",
+        "Reply with one JSON object. To call tools, reply "
+        '{"tool_calls": [{"name": "<tool name>", "arguments": {<arguments>}}]}; '
+        "the results come back in the next message. "
+        + (
+            "You must call a tool now."
+            if spec.choice.mode in ("required", "function")
+            else 'To answer the user directly, reply {"content": "<your answer>"}.'
+        ),
+    ]
+    return "\n".join(lines)
+
+
+def generic_messages(messages: Sequence[Message], spec: ToolSpec | None) -> list[Message]:
+    """Messages a template without tool support accepts: the tool description joins the
+    system message, an assistant's calls become its JSON reply, and tool results become a
+    user turn (consecutive ones merged, so turns still alternate)."""
+    out: list[Message] = []
+    if spec is not None and spec.choice.mode != "none":
+        text = generic_instructions(spec)
+        if messages and messages[0].role == "system":
+            text = f"{messages[0].content}\n\n{text}"
+            messages = messages[1:]
+        out.append(Message("system", text))
+    for m in messages:
+        if m.role == "assistant" and m.tool_calls:
+            calls = [{"name": c.name, "arguments": _loads(c.arguments)} for c in m.tool_calls]
+            out.append(Message("assistant", json.dumps({"tool_calls": calls}, ensure_ascii=False)))
+        elif m.role == "assistant" and spec is not None and spec.choice.mode != "none":
+            out.append(Message("assistant", json.dumps({"content": m.content}, ensure_ascii=False)))
+        elif m.role == "tool":
+            name = f" of {m.name}" if m.name else ""
+            text = f"The result{name} (call {m.tool_call_id}): {m.content}"
+            if out and out[-1].role == "user" and out[-1].content.startswith("The result"):
+                out[-1] = Message("user", f"{out[-1].content}\n{text}")
+            else:
+                out.append(Message("user", text))
+        else:
+            out.append(m)
+    return out
+
+
+def template_message(m: Message) -> dict[str, Any]:
+    """A message as Hugging Face templates read it (a call's arguments as an object)."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": _loads(c.arguments)},
+            }
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _loads(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+# -- grammars -----------------------------------------------------------------------
+
+# Compact JSON: no free whitespace between tokens, so a model cannot spend its answer on
+# newlines (llguidance allows any amount by default).
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else")
+
+
+def closed(schema: Any) -> Any:
+    """A schema whose objects with listed properties take no others unless they say so
+    (llama.cpp's grammar converter does the same): a small model otherwise invents keys
+    for as long as it may. What it accepts still matches the schema."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in schema[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            out[key] = [closed(sub) for sub in schema[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(schema.get(key), dict):
+            out[key] = closed(schema[key])
+    if "properties" in schema and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
+def json_rule(schema: dict[str, Any]) -> str:
+    """A Lark %json rule for a schema, compact (see JSON_OPTIONS)."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+
+
+def _call_schema(function: dict[str, Any], key: str = "arguments") -> dict[str, Any]:
+    params = closed(function.get("parameters") or {"type": "object", "properties": {}})
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, key: params},
+        "required": ["name", key],
+        "additionalProperties": False,
+    }
+
+
+def _any_call(spec: ToolSpec, key: str = "arguments") -> dict[str, Any]:
+    calls = [_call_schema(f, key) for f in spec.offered()]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+# the most calls one constrained reply may make: a small model can otherwise repeat the
+# same call until max_tokens
+MAX_PARALLEL_CALLS = 8
+
+
+def _calls_array(spec: ToolSpec, key: str = "arguments") -> dict[str, Any]:
+    most = MAX_PARALLEL_CALLS if spec.choice.parallel else 1
+    return {"type": "array", "items": _any_call(spec, key), "minItems": 1, "maxItems": most}
+
+
+def constrained(fmt: ToolFormat, spec: ToolSpec) -> bool:
+    """Whether the reply is held to a grammar: always for the generic format, and when a
+    call is required (or one function named) for the others."""
+    if spec.choice.mode == "none":
+        return False
+    return fmt == "generic" or spec.choice.mode in ("required", "function")
+
+
+def lark_grammar(fmt: ToolFormat, spec: ToolSpec, marker: Callable[[str], str]) -> str:
+    """A Lark grammar (llguidance's dialect, with %json) for the reply. `marker(text)`
+    gives the grammar literal for a control text such as "[TOOL_CALLS]" (a special token
+    is written by its id)."""
+    if fmt == "generic":
+        reply: dict[str, Any] = {
+            "type": "object",
+            "properties": {"tool_calls": _calls_array(spec)},
+            "required": ["tool_calls"],
+            "additionalProperties": False,
+        }
+        if spec.choice.mode == "auto":
+            content = {
+                "type": "object",
+                "properties": {"content": {"type": "string"}},
+                "required": ["content"],
+                "additionalProperties": False,
+            }
+            reply = {"anyOf": [reply, content]}
+        return f"start: {json_rule(reply)}\n"
+    if fmt == "hermes":
+        call = json_rule(_any_call(spec))
+        repeat = f"{{1,{MAX_PARALLEL_CALLS}}}" if spec.choice.parallel else ""
+        opening, closing = marker("<tool_call>"), marker("</tool_call>")
+        return f'start: call{repeat}\ncall: {opening} "\\n" {call} "\\n" {closing} "\\n"?\n'
+    if fmt == "mistral":
+        return f"start: {marker('[TOOL_CALLS]')} {json_rule(_calls_array(spec))}\n"
+    # llama3: one call as a JSON object with "parameters"
+    return f"start: {json_rule(_any_call(spec, 'parameters'))}\n"
+
+
+# -- reading replies ----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Parsed:
+    content: str = ""
+    calls: list[ToolCall] = field(default_factory=list)
+
+
+def _as_calls(items: Any, names: set[str], key: str = "arguments") -> list[ToolCall] | None:
+    """ToolCalls from decoded JSON (a call or a list of them); None when it is not calls
+    of offered functions."""
+    if isinstance(items, dict):
+        items = [items]
+    if not isinstance(items, list) or not items:
+        return None
+    calls = []
+    for item in items:
+        if not isinstance(item, dict) or item.get("name") not in names:
+            return None
+        args = item.get(key, item.get("arguments", item.get("parameters", {})))
+        if isinstance(args, str):
+            args = _loads(args)
+        calls.append(ToolCall(new_call_id(), item["name"], json.dumps(args, ensure_ascii=False)))
+    return calls
+
+
+_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def parse(fmt: ToolFormat, text: str, names: Sequence[str]) -> Parsed:
+    """The content and calls in a whole reply. Text that does not parse as calls of the
+    offered functions stays content."""
+    known = set(names)
+    if fmt == "generic":
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            return Parsed(text)
+        if isinstance(reply, dict) and "tool_calls" in reply:
+            made = _as_calls(reply["tool_calls"], known)
+            if made:
+                return Parsed("", made)
+        if isinstance(reply, dict) and isinstance(reply.get("content"), str):
+            return Parsed(reply["content"])
+        return Parsed(text)
+    if fmt == "hermes":
+        calls: list[ToolCall] = []
+        for body in _HERMES.findall(text):
+            try:
+                found = _as_calls(json.loads(body), known)
+            except ValueError:
+                found = None
+            if found is None:
+                return Parsed(text)
+            calls += found
+        return Parsed(_HERMES.sub("", text).strip() if calls else text, calls)
+    stripped = text.strip()
+    if fmt == "mistral":
+        body = stripped.removeprefix("[TOOL_CALLS]").strip()
+        key = "arguments"
+    else:
+        body = stripped.removeprefix("<|python_tag|>").strip()
+        key = "parameters"
+    try:
+        found = _as_calls(json.loads(body), known, key)
+    except ValueError:
+        # Llama 3 may write several calls separated by ";"
+        found = None
+        if fmt == "llama3" and ";" in body:
+            parts = [p for p in body.split(";") if p.strip()]
+            try:
+                found = _as_calls([json.loads(p) for p in parts], known, key)
+            except ValueError:
+                found = None
+    return Parsed("", found) if found else Parsed(text)
+
+
+class ReplyReader:
+    """Reads a streamed reply: content is passed on as it comes, calls are held until the
+    reply ends (a call is only sent whole, as its arguments must parse)."""
+
+    def __init__(self, fmt: ToolFormat, names: Sequence[str]) -> None:
+        self.fmt = fmt
+        self.names = list(names)
+        self._text = ""
+        self._sent = 0  # characters of _text passed on as content
+        self._held = fmt == "generic"  # the generic reply is JSON from its first byte
+
+    def feed(self, piece: str) -> str:
+        """The content that can be passed on after `piece`."""
+        self._text += piece
+        if self._held:
+            return ""
+        text = self._text
+        if self.fmt == "hermes":
+            at = text.find("<tool_call>", self._sent)
+            if at >= 0:
+                self._held = True
+                return self._take(at)
+            return self._take(len(text) - _partial_suffix(text, "<tool_call>"))
+        start = text.lstrip()
+        if not start:
+            return ""
+        if self._sent == 0 and (start[0] in "{[" or start.startswith("<|python_tag|>")):
+            self._held = True  # a call, most likely: decided at the end
+            return ""
+        return self._take(len(text))
+
+    def _take(self, end: int) -> str:
+        out = self._text[self._sent : end]
+        self._sent = max(self._sent, end)
+        return out
+
+    def close(self) -> Parsed:
+        """The rest: content not yet passed on, and the calls."""
+        parsed = parse(self.fmt, self._text, self.names)
+        if not parsed.calls:
+            if self.fmt == "generic":
+                return Parsed(parsed.content)
+            return Parsed(self._text[self._sent :])
+        if self.fmt == "hermes":
+            rest = _HERMES.sub("", self._text[self._sent :]).strip()
+            return Parsed(rest, parsed.calls)
+        return Parsed("", parsed.calls)
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    """How many characters at the end of `text` could begin `marker`."""
+    for n in range(min(len(marker) - 1, len(text)), 0, -1):
+        if text.endswith(marker[:n]):
+            return n
+    return 0
+
+
+def with_spec(messages: Sequence[Message], fmt: ToolFormat, spec: ToolSpec | None) -> list[Message]:
+    """The messages to render for a format: rewritten for the generic one."""
+    if fmt == "generic":
+        return generic_messages(messages, spec)
+    return [replace(m) for m in messages]

@@ -1,0 +1,231 @@
+"""Tool calls, structured output and log probabilities through the `openai` client.
+
+The starter's template knows no tools, so it gets the generic format (the server
+describes the tools and constrains the reply). A copy of the starter with a
+Hermes-style template (written for this test, as Qwen's is shaped) covers the
+native path: `<tool_call>` blocks in the reply, constrained when a call is required.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import jsonschema
+import openai
+import pytest
+
+from localllm.backends.base import ModelRef
+from tests.conftest import ServerProcess
+from tests.gguf_fixtures import copy_with_metadata
+
+WEATHER_PARAMS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 40},
+                   "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+                                      "parameters": WEATHER_PARAMS}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time now",
+                                      "parameters": {"type": "object", "properties": {}}}},
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+HERMES_LIKE = (
+    "{% if tools %}<|im_start|>system\nYou may call functions:\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    "Reply with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call> for each call."
+    "<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+    "{% for c in m.tool_calls %}<tool_call>\n{\"name\": \"{{ c.function.name }}\", "
+    "\"arguments\": {{ c.function.arguments | tojson }}}\n</tool_call>\n{% endfor %}"
+    "<|im_end|>\n"
+    "{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def client_of(srv: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base + "/v1", api_key="x", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def hermes_server(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef
+                  ) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("hermes")
+    path = copy_with_metadata(starter_ref.path, tmp / "hermes-starter.gguf",
+                              {"tokenizer.chat_template": HERMES_LIKE})
+    srv = ServerProcess(tmp, "--model", str(path), "--ctx", "1024")
+    yield srv
+    srv.stop()
+
+
+def check_calls(calls: list, names: set[str]) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in names
+        spec = next(t["function"] for t in TOOLS if t["function"]["name"] == call.function.name)
+        jsonschema.validate(json.loads(call.function.arguments), spec["parameters"])
+
+
+def test_generic_round_trip(server: ServerProcess):
+    client = client_of(server)
+    first = client.chat.completions.create(
+        model="starter", messages=ASK, tools=TOOLS, tool_choice="required",
+        parallel_tool_calls=False, temperature=0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    assert len(choice.message.tool_calls) == 1
+    check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
+    call = choice.message.tool_calls[0]
+    history = [*ASK, choice.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id,
+                "content": json.dumps({"temperature": 18, "sky": "cloudy"})}]
+    answer = client.chat.completions.create(
+        model="starter", messages=history, tools=TOOLS, tool_choice="none", max_tokens=24,
+        temperature=0)
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].message.content and answer.choices[0].finish_reason in (
+        "stop", "length")
+    # the result was in the prompt: it is longer than the question's
+    assert answer.usage.prompt_tokens > first.usage.prompt_tokens - 200
+    # under "auto" the reply is either an answer or calls, and always well formed
+    auto = client.chat.completions.create(
+        model="starter", messages=history, tools=TOOLS, max_tokens=96, temperature=0.7, seed=3)
+    message = auto.choices[0].message
+    if auto.choices[0].finish_reason == "tool_calls":
+        check_calls(message.tool_calls, {"get_weather", "get_time"})
+    else:
+        assert auto.choices[0].finish_reason in ("stop", "length")
+        assert message.tool_calls is None and message.content is not None
+
+
+def test_named_function_streamed(server: ServerProcess):
+    client = client_of(server)
+    stream = client.chat.completions.create(
+        model="starter", messages=ASK, tools=TOOLS, temperature=0.9, seed=11, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    calls: dict[int, dict] = {}
+    finish = None
+    for event in stream:
+        for ch in event.choices:
+            finish = ch.finish_reason or finish
+            for d in ch.delta.tool_calls or []:
+                slot = calls.setdefault(d.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] += d.id or ""
+                slot["name"] += (d.function.name or "") if d.function else ""
+                slot["arguments"] += (d.function.arguments or "") if d.function else ""
+    assert finish == "tool_calls" and calls
+    for slot in calls.values():
+        assert slot["name"] == "get_weather" and slot["id"].startswith("call_")
+        jsonschema.validate(json.loads(slot["arguments"]), WEATHER_PARAMS)
+
+
+def test_native_hermes_calls(hermes_server: ServerProcess):
+    client = client_of(hermes_server)
+    required = client.chat.completions.create(
+        model="hermes-starter", messages=ASK, tools=TOOLS, tool_choice="required",
+        temperature=0.8, seed=5)
+    assert required.choices[0].finish_reason == "tool_calls"
+    check_calls(required.choices[0].message.tool_calls, {"get_weather", "get_time"})
+    # the model's own template rendered the tools and the earlier call
+    call = required.choices[0].message.tool_calls[0]
+    history = [*ASK, required.choices[0].message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
+    streamed = client.chat.completions.create(
+        model="hermes-starter", messages=history, tools=TOOLS, max_tokens=48,
+        temperature=0, stream=True)
+    text, finish, deltas = "", None, []
+    for event in streamed:
+        for ch in event.choices:
+            text += ch.delta.content or ""
+            deltas += ch.delta.tool_calls or []
+            finish = ch.finish_reason or finish
+    assert "<tool_call>" not in text  # calls never leak into the content
+    assert finish in ("stop", "length", "tool_calls")
+    assert (finish == "tool_calls") == bool(deltas)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_json_schema_answers_validate(server: ServerProcess, seed: int):
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 30},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
+                 "maxItems": 3}},
+        "required": ["name", "age", "tags"], "additionalProperties": False}
+    r = client_of(server).chat.completions.create(
+        model="starter", messages=[{"role": "user", "content": "Describe a person as JSON"}],
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "person", "schema": schema, "strict": True}},
+        temperature=1.0, seed=seed, max_tokens=200)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_json_object(server: ServerProcess):
+    r = client_of(server).chat.completions.create(
+        model="starter", messages=[{"role": "user", "content": "A JSON object about cats"}],
+        response_format={"type": "json_object"}, temperature=0.8, seed=0, max_tokens=200,
+        frequency_penalty=0.5)  # greedy, this small model repeats a list until the limit
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_logprobs(server: ServerProcess):
+    client = client_of(server)
+    r = client.chat.completions.create(
+        model="starter", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5,
+        temperature=0, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens == 5
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.logprob <= 0
+        assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
+        assert t.logprob == pytest.approx(t.top_logprobs[0].logprob)  # greedy: the best one
+        assert bytes(t.bytes).decode() == t.token
+    streamed = client.chat.completions.create(
+        model="starter", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5,
+        temperature=0, logprobs=True, stream=True)
+    tokens = [t.token for ev in streamed for ch in ev.choices if ch.logprobs
+              for t in ch.logprobs.content]
+    assert tokens == [t.token for t in content]
+    c = client.completions.create(model="starter", prompt="The capital of France is",
+                                  max_tokens=3, temperature=0, logprobs=2)
+    lp = c.choices[0].logprobs
+    assert "".join(lp.tokens) == c.choices[0].text and len(lp.token_logprobs) == 3
+    assert lp.text_offset[0] == 0 and all(len(top) == 2 for top in lp.top_logprobs)
+
+
+def test_refusals_name_what_is_wrong(server: ServerProcess):
+    client = client_of(server)
+
+    def refused(**kwargs: object) -> openai.BadRequestError:
+        body = {"model": "starter", "messages": ASK, "max_tokens": 2, **kwargs}
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(**body)  # type: ignore[call-overload]
+        return info.value
+
+    err = refused(extra_body={"reasoning_effort": "high"})
+    assert "'reasoning_effort' is not supported" in err.message
+    assert err.body["code"] == "unsupported_parameter"
+    err = refused(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "array", "uniqueItems": True}}})
+    assert "uniqueItems" in err.message
+    err = refused(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    assert "'nope'" in err.message and "get_weather" in err.message
+    err = refused(tool_choice="required")
+    assert "no tools" in err.message
+    err = refused(messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+    assert err.body["code"] == "vision_not_supported" and "vision" in err.message
+    err = refused(logit_bias={"99999999": 5})
+    assert "99999999" in err.message and "vocabulary" in err.message

@@ -1,0 +1,158 @@
+"""Tool calls without a model: formats, replies read per family, streamed reading, the
+generic format's rewritten turns, and the grammars that constrain a required call."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localllm.backends import chat_template, tools
+from localllm.backends.base import Message, ToolCall
+from localllm.backends.tools import ReplyReader, ToolChoice, ToolSpec
+from localllm.engine import grammar
+from localllm.errors import InvalidRequest
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]},
+}
+TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {}}}
+
+
+def spec(mode: str = "auto", name: str | None = None, parallel: bool = True) -> ToolSpec:
+    return ToolSpec(
+        tuple({"type": "function", "function": f} for f in (WEATHER, TIME)),
+        ToolChoice(mode, name, parallel),  # type: ignore[arg-type]
+    )
+
+
+def test_format_from_template():
+    assert tools.format_for(None) == "generic"
+    assert tools.format_for("{{ messages }}") == "generic"
+    assert tools.format_for("{% if tools %}<tool_call>{% endif %}") == "hermes"
+    assert tools.format_for("{% if tools %}[TOOL_CALLS]{% endif %}") == "mistral"
+    assert tools.format_for("{% if tools %}<|python_tag|>{% endif %}") == "llama3"
+
+
+def test_each_family_is_read():
+    names = ["get_weather", "get_time"]
+    hermes = tools.parse(
+        "hermes",
+        'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n'
+        '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+        names,
+    )
+    assert hermes.content == "Let me look."
+    assert [(c.name, json.loads(c.arguments)) for c in hermes.calls] == [
+        ("get_weather", {"city": "Oslo"}), ("get_time", {})]
+    llama = tools.parse("llama3", '{"name": "get_weather", "parameters": {"city": "Oslo"}}', names)
+    assert [(c.name, c.arguments) for c in llama.calls] == [("get_weather", '{"city": "Oslo"}')]
+    mistral = tools.parse(
+        "mistral", '[TOOL_CALLS][{"name": "get_time", "arguments": {}}]', names)
+    assert [c.name for c in mistral.calls] == ["get_time"] and mistral.content == ""
+    generic = tools.parse(
+        "generic", '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Rome"}}]}',
+        names)
+    assert [c.name for c in generic.calls] == ["get_weather"]
+    assert tools.parse("generic", '{"content": "Hello"}', names).content == "Hello"
+    # a call of a function that was not offered, or broken JSON, stays text
+    assert tools.parse("llama3", '{"name": "rm_rf", "parameters": {}}', names).calls == []
+    assert tools.parse("hermes", "<tool_call>{oops</tool_call>", names).content.startswith("<")
+    assert all(c.id.startswith("call_") for c in hermes.calls)
+    assert len({c.id for c in hermes.calls}) == 2
+
+
+def test_streamed_reply_passes_content_and_holds_calls():
+    reader = ReplyReader("hermes", ["get_weather"])
+    out = [reader.feed(p) for p in ["Sure", ", one moment.", "\n<tool", "_call>\n{\"name\": ",
+                                     '"get_weather", "arguments": {"city": "Oslo"}}',
+                                     "\n</tool_call>"]]
+    assert "".join(out) == "Sure, one moment.\n"
+    assert out[2] == "\n"  # "<tool" could begin a call: held back until it is known
+    rest = reader.close()
+    assert rest.content == "" and [c.name for c in rest.calls] == ["get_weather"]
+    plain = ReplyReader("hermes", ["get_weather"])
+    text = [plain.feed("Just <b>text</b>"), plain.feed(" here <tool")]
+    assert "".join(text) + plain.close().content == "Just <b>text</b> here <tool"
+    generic = ReplyReader("generic", ["get_weather"])
+    assert generic.feed('{"content": "Hi there"}') == ""
+    assert generic.close().content == "Hi there"
+
+
+def test_generic_turns_alternate_for_a_strict_template():
+    history = [
+        Message("system", "Be brief."),
+        Message("user", "Weather in Oslo and Rome?"),
+        Message("assistant", "", tool_calls=(
+            ToolCall("call_1", "get_weather", '{"city": "Oslo"}'),
+            ToolCall("call_2", "get_weather", '{"city": "Rome"}'))),
+        Message("tool", "3 C", tool_call_id="call_1", name="get_weather"),
+        Message("tool", "19 C", tool_call_id="call_2", name="get_weather"),
+    ]
+    out = tools.generic_messages(history, spec())
+    assert [m.role for m in out] == ["system", "user", "assistant", "user"]
+    assert out[0].content.startswith("Be brief.\n\nYou can call these tools")
+    assert json.loads(out[2].content) == {"tool_calls": [
+        {"name": "get_weather", "arguments": {"city": "Oslo"}},
+        {"name": "get_weather", "arguments": {"city": "Rome"}}]}
+    assert "3 C" in out[3].content and "19 C" in out[3].content
+    # a template that refuses any role but user and model takes the rewritten turns
+    text = chat_template.render(GEMMA_LIKE, out, bos_token="<bos>", eos_token="<eos>")
+    assert text.count("<start_of_turn>user") == 2 and text.endswith("<start_of_turn>model\n")
+    with pytest.raises(InvalidRequest, match="alternate"):
+        chat_template.render(GEMMA_LIKE, history[1:], bos_token="",
+                             eos_token="")
+
+
+def test_grammars_compile_for_every_format():
+    for fmt in ("hermes", "llama3", "mistral", "generic"):
+        for s in (spec("required"), spec("function", "get_time", parallel=False), spec()):
+            if not tools.constrained(fmt, s):
+                continue
+            source = tools.lark_grammar(fmt, s, json.dumps)
+            grammar.from_lark(source, param="tools")  # raises when llguidance refuses it
+    assert not tools.constrained("hermes", spec("auto"))
+    assert tools.constrained("generic", spec("auto"))
+    assert not tools.constrained("generic", spec("none"))
+
+
+def test_closed_schema_keeps_what_it_says():
+    schema = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "b": {"type": "object", "properties": {}, "additionalProperties": True},
+        "properties": {"type": "array", "items": {"type": "object", "properties": {}}}}}
+    out = tools.closed(schema)
+    assert out["additionalProperties"] is False
+    assert out["properties"]["a"]["additionalProperties"] is False
+    assert out["properties"]["b"]["additionalProperties"] is True
+    assert "additionalProperties" not in out["properties"]["properties"]  # a property's name
+    assert out["properties"]["properties"]["items"]["additionalProperties"] is False
+
+
+def test_unsupported_schema_is_named():
+    with pytest.raises(InvalidRequest, match="uniqueItems"):
+        grammar.from_json_schema({"type": "array", "uniqueItems": True})
+    with pytest.raises(InvalidRequest, match="uri-reference"):
+        grammar.from_json_schema({"type": "string", "format": "uri-reference"})
+
+
+# A Gemma-style template (written for this test): only user and model turns, strictly
+# alternating, a system message folded into the first user turn.
+GEMMA_LIKE = (
+    "{{ bos_token }}"
+    "{% if messages[0]['role'] == 'system' %}"
+    "{% set first = messages[0]['content'] + '\n\n' %}{% set rest = messages[1:] %}"
+    "{% else %}{% set first = '' %}{% set rest = messages %}{% endif %}"
+    "{% for m in rest %}"
+    "{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant') }}"
+    "{% endif %}"
+    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{ '<start_of_turn>' + role + '\n' + (first if loop.first else '') + m['content'] | trim"
+    " + '<end_of_turn>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
