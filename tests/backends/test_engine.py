@@ -227,9 +227,9 @@ def test_prompts_are_rendered_and_tokenized_off_the_worker(engine: Engine, monke
     seen: list[str] = []
     real_render, real_tokenize = model.render_chat, model.tokenize
 
-    def render_chat(messages: Any) -> Any:
+    def render_chat(messages: Any, variables: Any = None) -> Any:
         seen.append(threading.current_thread().name)
-        return real_render(messages)
+        return real_render(messages, variables)
 
     def tokenize(text: str, **kw: Any) -> Any:
         seen.append(threading.current_thread().name)
