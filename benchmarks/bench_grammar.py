@@ -75,8 +75,13 @@ def round_trip(base: str, salt: int) -> tuple[float, float]:
     ask = [{"role": "user", "content": f"({salt}) What is the weather in Paris?"}]
     first, t1 = chat(
         base,
-        {"messages": ask, "tools": TOOLS, "tool_choice": "required",
-         "parallel_tool_calls": False, "temperature": 0},
+        {
+            "messages": ask,
+            "tools": TOOLS,
+            "tool_choice": "required",
+            "parallel_tool_calls": False,
+            "temperature": 0,
+        },
     )
     message = first["choices"][0]["message"]
     call = message["tool_calls"][0]
@@ -87,14 +92,22 @@ def round_trip(base: str, salt: int) -> tuple[float, float]:
     ]
     second, t2 = chat(
         base,
-        {"messages": history, "tools": TOOLS, "tool_choice": "none", "max_tokens": 48,
-         "temperature": 0},
+        {
+            "messages": history,
+            "tools": TOOLS,
+            "tool_choice": "none",
+            "max_tokens": 48,
+            "temperature": 0,
+        },
     )
     n1 = first["usage"]["completion_tokens"]
     n2 = second["usage"]["completion_tokens"]
     _, p1 = chat(base, {"messages": ask, "max_tokens": n1, "temperature": 0})
-    follow = [*ask, {"role": "assistant", "content": "Let me check."},
-              {"role": "user", "content": "It is 18 C there. Tell me."}]
+    follow = [
+        *ask,
+        {"role": "assistant", "content": "Let me check."},
+        {"role": "user", "content": "It is 18 C there. Tell me."},
+    ]
     _, p2 = chat(base, {"messages": follow, "max_tokens": n2, "temperature": 0})
     return t1 + t2, p1 + p2
 
@@ -115,15 +128,20 @@ def main() -> None:
         }
         schema_body = {
             **free_body,
-            "response_format": {"type": "json_schema",
-                                "json_schema": {"name": "story", "schema": SCHEMA}},
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "story", "schema": SCHEMA},
+            },
         }
         decode_tps(srv.base, free_body)  # warm-up: load, first grammar tokenizer
         decode_tps(srv.base, schema_body)
         ratios, free_rates, schema_rates = [], [], []
         for i in range(args.rounds):
-            salt = {"messages": [{"role": "user",
-                                  "content": f"({i}) Tell me a long story about a fox."}]}
+            salt = {
+                "messages": [
+                    {"role": "user", "content": f"({i}) Tell me a long story about a fox."}
+                ]
+            }
             free, n_free = decode_tps(srv.base, {**free_body, **salt})
             held, n_held = decode_tps(srv.base, {**schema_body, **salt})
             if min(n_free, n_held) < args.tokens // 2:
@@ -132,19 +150,25 @@ def main() -> None:
             free_rates.append(free)
             schema_rates.append(held)
             ratios.append(held / free)
-            print(f"round {i}: free {free:.1f} tok/s, schema {held:.1f} tok/s, "
-                  f"ratio {held / free:.3f}")
+            print(
+                f"round {i}: free {free:.1f} tok/s, schema {held:.1f} tok/s, "
+                f"ratio {held / free:.3f}"
+            )
         trips = [round_trip(srv.base, i) for i in range(3)]
     finally:
         srv.stop()
     print(f"\nmachine: {machine()}, backend {args.backend}")
-    print(f"decode under a JSON schema / free text: median {statistics.median(ratios):.3f} "
-          f"({statistics.median(schema_rates):.1f} vs {statistics.median(free_rates):.1f} "
-          f"tok/s, {len(ratios)} rounds)")
+    print(
+        f"decode under a JSON schema / free text: median {statistics.median(ratios):.3f} "
+        f"({statistics.median(schema_rates):.1f} vs {statistics.median(free_rates):.1f} "
+        f"tok/s, {len(ratios)} rounds)"
+    )
     with_tools = statistics.median(t for t, _ in trips)
     plain = statistics.median(p for _, p in trips)
-    print(f"tool-call round trip (call + answer): {with_tools * 1000:.0f} ms; the same token "
-          f"counts without tools {plain * 1000:.0f} ms ({with_tools / plain:.2f}x)")
+    print(
+        f"tool-call round trip (call + answer): {with_tools * 1000:.0f} ms; the same token "
+        f"counts without tools {plain * 1000:.0f} ms ({with_tools / plain:.2f}x)"
+    )
 
 
 if __name__ == "__main__":
