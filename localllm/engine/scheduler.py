@@ -135,7 +135,18 @@ class Scheduler:
         """Something to step: a running request, or a waiting one that can start (or has
         been cancelled). A request whose prompt is still being read keeps its place in
         line without making the worker spin."""
-        return bool(self.active) or any(_ready(j) or j.cancel.is_set() for j in self.waiting)
+        return bool(self.active) or self._startable()
+
+    def _startable(self) -> bool:
+        """A waiting request the next step would start or end: in admission order, a
+        cancelled or ready one, unless a deterministic one still being read comes first
+        (it holds back those behind it, so they give the worker nothing to do yet)."""
+        for job in sorted(self.waiting, key=lambda j: (not _interactive(j.request), j.arrival)):
+            if job.cancel.is_set() or _ready(job):
+                return True
+            if job.request.deterministic:
+                return False
+        return False
 
     def add(self, job: Any) -> None:
         self._arrivals += 1

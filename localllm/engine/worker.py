@@ -784,9 +784,10 @@ class Engine:
 
     def _tokenize(self, job: _Job, res: Resident) -> None:
         """On a tokenizer thread: the job's prompt tokens, handed back to the worker."""
+        if job.cancel.is_set():  # abandoned while it waited: it costs no tokenizer time
+            self._jobs.put(_Tokenized(job, res, None, None))  # (_tokenized drops it)
+            return
         try:
-            if job.cancel.is_set():
-                raise _Abandoned
             request, info = job.request, res.model.info
             if request.prompt_tokens is not None:
                 check_token_ids(info, request.prompt_tokens)
@@ -893,10 +894,6 @@ class Engine:
 
 
 _NO_JOB: Any = object()
-
-
-class _Abandoned(Exception):
-    """The client left before its prompt was tokenized."""
 
 
 IDLE_WAIT_MAX_S = 3600.0

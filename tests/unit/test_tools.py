@@ -156,3 +156,4 @@ GEMMA_LIKE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
+
