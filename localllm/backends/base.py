@@ -106,6 +106,8 @@ class FimTokens:
     prefix: int
     suffix: int
     middle: int
+    sep: int | None = None  # starts a file of the extra context (repo-level FIM)
+    rep: int | None = None  # starts the repository's name
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,6 +305,14 @@ class LoadedModel(Protocol):
 
     def piece(self, token: int) -> bytes:
         """The bytes of one generated token (control tokens render as nothing)."""
+        ...
+
+    def embed(
+        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+    ) -> tuple[list[list[float]], int]:
+        """One L2-normalised vector per input (text, or token ids), and the tokens read.
+        Pooling: the model's own (its GGUF metadata), mean for a model that has none, or
+        `pooling` ("mean", "cls", "last"). InvalidRequest where the backend cannot embed."""
         ...
 
     def close(self) -> None: ...

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import hashlib
 import importlib.util
 import itertools
@@ -57,7 +58,7 @@ from localllm.backends.common import (
     pick_logprobs,
     reusable_prefix,
 )
-from localllm.errors import LocalLLMError, ModelLoadError
+from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
 log = logging.getLogger(__name__)
@@ -180,6 +181,13 @@ def gpu_offload() -> bool:
         return False
 
 
+EMBED_CTX = 4096  # tokens an embedding context holds (at most the trained context)
+EMBED_SEQS = 8  # inputs embedded in one call
+
+
+_POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama.h's LLAMA_POOLING_TYPE_*
+
+
 class LlamaCppModel:
     """A GGUF model and its context. Not thread-safe: the engine worker is its only user."""
 
@@ -241,6 +249,8 @@ class LlamaCppModel:
         self._rows: dict[int, list[int]] = {}  # seq -> its logits rows in the last step
         self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._piece_cache: dict[int, bytes] = {}
+        self._embed_ctxs: dict[str | None, tuple[Any, int]] = {}  # pooling -> context
+        self._threads = threads
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (ll.llama_token * 1)()
         self.info = self._describe(ref, n_ctx, n_ctx_train, _device(ll, n_gpu), threads)
@@ -281,6 +291,11 @@ class LlamaCppModel:
             ll.llama_vocab_fim_mid(vocab),
         )
         fim = FimTokens(*fim_ids) if all(i >= 0 for i in fim_ids) else None
+        if fim is not None:
+            sep, rep = int(ll.llama_vocab_fim_sep(vocab)), int(ll.llama_vocab_fim_rep(vocab))
+            fim = dataclasses.replace(
+                fim, sep=sep if sep >= 0 else None, rep=rep if rep >= 0 else None
+            )
         bos = int(ll.llama_vocab_bos(vocab))
         buf = ctypes.create_string_buffer(128)
         ll.llama_model_desc(self._model, buf, len(buf))
@@ -747,7 +762,101 @@ class LlamaCppModel:
             self._clear_all()
         return out
 
+    # -- embeddings ----------------------------------------------------------------
+    def _embed_context(self, pooling: str | None) -> tuple[Any, int]:
+        """A second context on the same weights that returns pooled embeddings (one per
+        pooling kind, made on first use), and its size in tokens."""
+        ll = self._ll
+        cached = self._embed_ctxs.get(pooling)
+        if cached is not None:
+            return cached
+        n_ctx = min(self.info.n_ctx_train or EMBED_CTX, EMBED_CTX)
+        params = ll.llama_context_default_params()
+        params.n_ctx = n_ctx
+        params.n_batch = params.n_ubatch = n_ctx  # a non-causal model reads an input whole
+        params.n_seq_max = EMBED_SEQS
+        params.kv_unified = True
+        params.embeddings = True
+        params.n_threads = params.n_threads_batch = self._threads
+        params.no_perf = True
+        params.pooling_type = _POOLING.get(pooling or "", ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
+        ctx = ll.llama_init_from_model(self._model, params)
+        if ctx and ll.llama_pooling_type(ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+            ll.llama_free(ctx)  # a chat model has no pooling of its own: mean
+            params.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
+            ctx = ll.llama_init_from_model(self._model, params)
+        if not ctx:
+            raise LocalLLMError(f"could not create an embedding context of {n_ctx} tokens")
+        self._embed_ctxs[pooling] = (ctx, n_ctx)
+        return ctx, n_ctx
+
+    def embed(
+        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+    ) -> tuple[list[list[float]], int]:
+        ll = self._ll
+        ctx, n_ctx = self._embed_context(pooling)
+        rows = [
+            self._tokenize(x.encode("utf-8"), add_special=True, parse_special=False)
+            if isinstance(x, str)
+            else list(x)
+            for x in inputs
+        ]
+        n_vocab = self.info.n_vocab
+        for i, row in enumerate(rows):
+            if not row:
+                raise InvalidRequest(f"input {i} is empty", param="input")
+            bad = next((t for t in row if not 0 <= t < n_vocab), None)
+            if bad is not None:
+                raise InvalidRequest(
+                    f"input {i} has token {bad}, which is not in the vocabulary "
+                    f"(ids 0 to {n_vocab - 1})",
+                    param="input",
+                )
+            if len(row) > n_ctx:
+                raise InvalidRequest(
+                    f"input {i} is {len(row)} tokens; embeddings take at most {n_ctx}",
+                    param="input",
+                    code="context_length_exceeded",
+                )
+        n_embd = int(ll.llama_model_n_embd(self._model))
+        mem = ll.llama_get_memory(ctx)
+        batch = ll.llama_batch_init(n_ctx, 0, EMBED_SEQS)
+        out: list[list[float]] = []
+        try:
+            i = 0
+            while i < len(rows):  # as many inputs per call as fit in the batch
+                group: list[list[int]] = []
+                used = 0
+                while i < len(rows) and len(group) < EMBED_SEQS and used + len(rows[i]) <= n_ctx:
+                    group.append(rows[i])
+                    used += len(rows[i])
+                    i += 1
+                k = 0
+                for seq, row in enumerate(group):
+                    for pos, tok in enumerate(row):
+                        batch.token[k], batch.pos[k] = tok, pos
+                        batch.n_seq_id[k], batch.seq_id[k][0] = 1, seq
+                        batch.logits[k] = True
+                        k += 1
+                batch.n_tokens = k
+                ll.llama_memory_clear(mem, True)
+                rc = ll.llama_decode(ctx, batch)
+                if rc != 0:
+                    raise LocalLLMError(f"llama_decode failed with code {rc} for embeddings")
+                for seq in range(len(group)):
+                    ptr = ll.llama_get_embeddings_seq(ctx, seq)
+                    vec = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float64)
+                    norm = float(np.linalg.norm(vec))
+                    out.append((vec / norm if norm > 0 else vec).tolist())
+        finally:
+            ll.llama_batch_free(batch)
+            ll.llama_memory_clear(mem, True)
+        return out, sum(len(r) for r in rows)
+
     def close(self) -> None:
+        for ctx, _ in getattr(self, "_embed_ctxs", {}).values():
+            self._ll.llama_free(ctx)
+        self._embed_ctxs = {}
         ll = self._ll
         if getattr(self, "_batch", None) is not None:
             ll.llama_batch_free(self._batch)

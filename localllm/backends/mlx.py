@@ -54,7 +54,7 @@ from localllm.backends.common import (
     penalties,
     reusable_prefix,
 )
-from localllm.errors import LocalLLMError, ModelLoadError
+from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.models.convert import imported_quant, read_provenance
 from localllm.models.gguf import fim_ids_from_tokens, vocab_fingerprint
 
@@ -668,6 +668,16 @@ class MlxModel:
         norm = mx.logsumexp(logits, axis=-1)
         picked = mx.take_along_axis(logits, mx.array(tokens[start:])[:, None], axis=-1)[:, 0]
         return [float(v) for v in (picked - norm).tolist()]
+
+    def embed(
+        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+    ) -> tuple[list[list[float]], int]:
+        raise InvalidRequest(
+            f"{self.info.id} runs on MLX, and mlx-lm cannot compute embeddings; use a GGUF "
+            "model (llama.cpp) for /v1/embeddings",
+            param="model",
+            code="embeddings_not_supported",
+        )
 
     def close(self) -> None:
         self._caches = [[] for _ in self._caches]

@@ -114,7 +114,8 @@ def generic_messages(messages: Sequence[Message], spec: ToolSpec | None) -> list
             out.append(Message("assistant", json.dumps({"content": m.content}, ensure_ascii=False)))
         elif m.role == "tool":
             name = f" of {m.name}" if m.name else ""
-            text = f"The result{name} (call {m.tool_call_id}): {m.content}"
+            call = f" (call {m.tool_call_id})" if m.tool_call_id else ""
+            text = f"The result{name}{call}: {m.content}"
             if out and out[-1].role == "user" and out[-1].content.startswith("The result"):
                 out[-1] = Message("user", f"{out[-1].content}\n{text}")
             else:

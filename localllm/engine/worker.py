@@ -64,6 +64,16 @@ State = Literal["idle", "loading", "ready", "error"]
 
 
 @dataclass(frozen=True, slots=True)
+class Infill:
+    """A repo-level fill-in-the-middle prompt (llama-server's /infill)."""
+
+    prefix: str
+    suffix: str
+    extra: tuple[tuple[str, str], ...] = ()  # (filename, text) chunks, oldest first
+    typed: str = ""  # the text typed so far on the cursor's line: after the middle marker
+
+
+@dataclass(frozen=True, slots=True)
 class Request:
     """What to generate. Exactly one of messages / prompt / prompt_tokens is set."""
 
@@ -86,6 +96,10 @@ class Request:
     allow_paths: bool = True  # may `model` be a file or folder path (API: a setting)
     tools: ToolSpec | None = None  # functions the model may call, and the caller's choice
     template_vars: Mapping[str, Any] | None = None  # chat_template_kwargs (enable_thinking)
+    # the context the caller wants (Ollama's num_ctx): an idle model loaded with less is
+    # reloaded with more, up to its trained context, when memory allows
+    min_ctx: int | None = None
+    infill: Infill | None = None  # a repo-level FIM prompt instead of messages or prompt
 
 
 @dataclass(slots=True)
@@ -385,6 +399,58 @@ class Engine:
         res.last_used = time.monotonic()
         self.cache.attach(res.model, res.cache_key)
         return res
+
+    def _grow_context(self, res: Resident, want: int) -> Resident:
+        """The model reloaded with a context of `want` tokens (at most its trained context)
+        when it has less, nothing is running on it, and the larger KV fits in what is free
+        plus what it holds now; otherwise it serves as it is (a prompt too long for it is
+        then refused with both numbers)."""
+        info = res.model.info
+        want = min(want, info.n_ctx_train or want)
+        if want <= info.n_ctx or res.scheduler.active or res.scheduler.waiting or res.tokenizing:
+            return res
+        need = self._estimate(res.ref, want).with_seq(res.model.n_seq)
+        free = self._free()
+        room = fit.Free(free.bytes + res.need, free.where)
+        if not fit.fits(need, room):
+            log.info(
+                "%s: a %d-token context does not fit (%s; %s); staying at %d",
+                res.ref.name,
+                want,
+                need.text(),
+                room.text(),
+                info.n_ctx,
+            )
+            return res
+        log.info("%s: reloading with a %d-token context (was %d)", res.ref.name, want, info.n_ctx)
+        default = res is self._default
+        return self._ensure_loaded(res.ref, n_ctx=want, default=default)
+
+    def with_model(
+        self, model: str | None, fn: Callable[[LoadedModel], Any], *, allow_paths: bool = True
+    ) -> Any:
+        """fn(the loaded model), run on the worker (the model loaded first; None: the
+        default model), for a tokenizer call or a model's properties (any thread but the
+        worker's). Its errors reach the caller."""
+        ref = self._resolve(Request(SamplingParams(), model=model, allow_paths=allow_paths))
+
+        def call() -> Any:
+            default = self._default
+            chosen = ref or (default.ref if default else self.store.resolve(self.settings.model))
+            res = self._ensure_loaded(chosen, default=default is None and ref is None)
+            return fn(res.model)
+
+        return self._on_worker(call)
+
+    def prompt_tokens(self, request: Request) -> list[int]:
+        """The prompt a request would run with (its model loaded first), without running
+        it: for token counts (any thread but the worker's)."""
+
+        def render(model: LoadedModel) -> list[int]:
+            return fit_prompt(model, with_tool_grammar(model, request)[0])[0]
+
+        tokens: list[int] = self.with_model(request.model, render, allow_paths=request.allow_paths)
+        return tokens
 
     def _keep_alive(self, seconds: float | None) -> float | None:
         """A keep-alive in seconds (the setting's when None); negative: forever. Not a
@@ -768,6 +834,8 @@ class Engine:
             res = self._ensure_loaded(
                 ref, default=default is None and job.ref is None, keep_alive=request.keep_alive
             )
+            if request.min_ctx is not None:
+                res = self._grow_context(res, request.min_ctx)
             job.ref = res.ref
             job.request = dataclasses.replace(request, deterministic=self._deterministic(request))
             res.requests += 1
@@ -942,6 +1010,11 @@ def fit_prompt(model: LoadedModel, request: Request) -> tuple[list[int], int, in
     truncate-oldest cut, before any of it is tokenized: a hostile body costs no
     tokenizer time."""
     n_ctx = model.info.n_ctx
+    if request.infill is not None:
+        tokens, dropped = infill_tokens(model, request.infill, request.params.max_tokens)
+        if len(tokens) >= n_ctx:
+            raise ContextOverflow(len(tokens), n_ctx)
+        return tokens, dropped, 0
     messages = list(request.messages or [])
     least = least_tokens(model.info, request.prompt, request.suffix, messages)
     cut = request.context_policy == "truncate-oldest" and len(messages) > 1
@@ -1067,3 +1140,43 @@ def with_tool_grammar(model: LoadedModel, request: Request) -> tuple[Request, st
     compiled = grammar.from_lark(source, param="tools")
     params = dataclasses.replace(request.params, grammar=compiled)
     return dataclasses.replace(request, params=params), fmt
+
+
+INFILL_RESERVE = 256  # tokens kept free for the answer when /infill says no n_predict
+
+
+def infill_tokens(
+    model: LoadedModel, infill: Infill, n_predict: int | None
+) -> tuple[list[int], int]:
+    """The /infill prompt laid out as llama.cpp lays it out, and how many extra chunks
+    were left out: [BOS] [repo marker, name] then per extra chunk [file separator,
+    filename] and its text; then the prefix, suffix and middle markers around the code,
+    and the text typed so far. The prefix and suffix are never cut; the extra context
+    keeps its newest chunks that fit beside them and the answer."""
+    info = model.info
+    fim = info.fim
+    if fim is None:
+        raise FimUnsupported(info.id)
+    tok = model.tokenize
+    bos = [info.bos_id] if info.add_bos and info.bos_id is not None else []
+    core = [
+        fim.prefix,
+        *tok(infill.prefix),
+        fim.suffix,
+        *tok(infill.suffix),
+        fim.middle,
+        *tok(infill.typed),
+    ]
+    head = [fim.rep, *tok("myproject\n")] if fim.rep is not None else []
+    room = info.n_ctx - len(bos) - len(core) - len(head) - (n_predict or INFILL_RESERVE)
+    chunks: list[list[int]] = []
+    for filename, text in reversed(infill.extra):
+        part = [fim.sep, *tok(f"{filename}\n")] if fim.sep is not None else []
+        part += tok(text)
+        if len(part) > room:
+            break
+        room -= len(part)
+        chunks.append(part)
+    dropped = len(infill.extra) - len(chunks)
+    extra = [t for part in reversed(chunks) for t in part]
+    return [*bos, *(head if extra else []), *extra, *core], dropped

@@ -337,7 +337,18 @@ def _retry_after(response: Any, tries: int) -> float:
     return min(max(wait, 0.0), 60.0)
 
 
-def _stream(url: str, sink: _HashingFile, *, have: int, size: int | None, name: str) -> None:
+Progress = Callable[[str, int, "int | None"], None]  # (file, bytes so far, its size)
+
+
+def _stream(
+    url: str,
+    sink: _HashingFile,
+    *,
+    have: int,
+    size: int | None,
+    name: str,
+    progress: Progress | None = None,
+) -> None:
     """GET url into sink from byte `have` on. Each piece is written as it comes off the
     socket (huggingface_hub's http_get gathers 10 MB pieces first: one more copy of every
     byte); a dropped connection resumes from the bytes written, as http_get does."""
@@ -386,6 +397,8 @@ def _stream(url: str, sink: _HashingFile, *, have: int, size: int | None, name: 
                         sink.write(piece)
                         have += len(piece)
                         bar.update(len(piece))
+                        if progress is not None:
+                            progress(name, have, size)
                         attempts = _ATTEMPTS
                 return
             except _transient_errors() as exc:
@@ -405,7 +418,9 @@ def _new_digest(f: RemoteFile) -> Any:
     return hashlib.sha256()  # nothing to compare with; computed all the same
 
 
-def _download(plan: PullPlan, f: RemoteFile, staging: Path) -> None:
+def _download(
+    plan: PullPlan, f: RemoteFile, staging: Path, progress: Progress | None = None
+) -> None:
     """One file into the staging folder, resumed from its .part file, checked as it streams,
     with huggingface_hub's progress bar."""
     from huggingface_hub import hf_hub_url
@@ -428,7 +443,14 @@ def _download(plan: PullPlan, f: RemoteFile, staging: Path) -> None:
     with part.open("ab") as fh:
         sink = _HashingFile(fh, lambda: _new_digest(f), digest)
         try:
-            _stream(url, sink, have=have, size=f.size, name=f.path.rsplit("/", 1)[-1])
+            _stream(
+                url,
+                sink,
+                have=have,
+                size=f.size,
+                name=f.path.rsplit("/", 1)[-1],
+                progress=progress,
+            )
         finally:
             got = sink.finish()
     size = part.stat().st_size
@@ -466,7 +488,7 @@ def existing(models_dir: Path, plan: PullPlan) -> Path | None:
     return folder if same and meta.get("files") == [f.path for f in plan.files] else None
 
 
-def pull(plan: PullPlan, models_dir: Path) -> Path:
+def pull(plan: PullPlan, models_dir: Path, *, progress: Progress | None = None) -> Path:
     """Download, verify and move into the store; return the model's folder. A rerun after an
     interruption resumes every partial file."""
     done = existing(models_dir, plan)
@@ -494,7 +516,7 @@ def pull(plan: PullPlan, models_dir: Path) -> Path:
         )
     for f in plan.files:
         try:
-            _download(plan, f, staging)
+            _download(plan, f, staging, progress)
         except LocalLLMError:
             raise
         except Exception as exc:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from localllm.backends.base import ModelRef
-from localllm.errors import ModelNotFound
+from localllm.errors import InvalidRequest, ModelNotFound
 from localllm.models.gguf import is_gguf
 from localllm.models.starter import STARTER_NAME, starter_path
 
@@ -216,6 +216,23 @@ class ModelStore:
         return refs
 
     # -- resolving -----------------------------------------------------------------
+    def remove(self, ref: ModelRef) -> None:
+        """Delete a model from the store: out of sight in one rename, then deleted, so it is
+        never seen half removed. Only the store's own models (InvalidRequest otherwise)."""
+        import shutil
+        import tempfile
+
+        if ref.source != "store":
+            raise InvalidRequest(
+                f"{ref.name} is not in localllm's store ({ref.path}); localllm removes only "
+                "its own models, never another tool's files",
+                param="model",
+            )
+        target = ref.path if ref.path.parent == self.models_dir else ref.path.parent
+        hidden = Path(tempfile.mkdtemp(prefix=".removing-", dir=self.models_dir))
+        os.replace(target, hidden / target.name)
+        shutil.rmtree(hidden, ignore_errors=True)
+
     def resolve(self, name: str | None, *, paths: bool = True) -> ModelRef:
         """Resolve a reference; raise ModelNotFound listing the local models when nothing fits.
         With paths=False only the store's names count, never a file or folder."""

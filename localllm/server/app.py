@@ -20,8 +20,12 @@ from localllm.server.errors import install_error_handlers
 from localllm.server.guard import Guard, origin_pattern
 from localllm.server.metrics import Telemetry
 from localllm.server.openapi import install_openapi
-from localllm.server.protocol import error_body
+from localllm.server.protocol import error_for
 from localllm.server.routes_admin import router as admin_router
+from localllm.server.routes_anthropic import router as anthropic_router
+from localllm.server.routes_embeddings import router as embeddings_router
+from localllm.server.routes_llamacpp import router as llamacpp_router
+from localllm.server.routes_ollama import router as ollama_router
 from localllm.server.routes_openai import router
 
 log = logging.getLogger(__name__)
@@ -39,10 +43,10 @@ class BodyLimit:
         self.app = app
         self.limit = limit
 
-    async def _reject(self, send: Send, size: str) -> None:
+    async def _reject(self, send: Send, size: str, path: str) -> None:
         message = f"The request body is {size} bytes; the limit is {self.limit} bytes."
         payload = json.dumps(
-            error_body(message, "invalid_request_error", None, "payload_too_large")
+            error_for(path, 413, message, "invalid_request_error", None, "payload_too_large")
         )
         await send(
             {
@@ -59,7 +63,7 @@ class BodyLimit:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            await self._reject(send, declared.decode())
+            await self._reject(send, declared.decode(), scope["path"])
             return
         # Read the body here (it is small by construction) so chunked uploads are bounded too.
         chunks: list[bytes] = []
@@ -71,7 +75,7 @@ class BodyLimit:
             chunks.append(message.get("body", b""))
             total += len(chunks[-1])
             if total > self.limit:
-                await self._reject(send, f"more than {self.limit}")
+                await self._reject(send, f"more than {self.limit}", scope["path"])
                 return
             if not message.get("more_body", False):
                 break
@@ -97,6 +101,10 @@ def create_app(settings: Settings, engine: Engine, accounting: Accounting | None
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(admin_router)
+    app.include_router(ollama_router)
+    app.include_router(anthropic_router)
+    app.include_router(embeddings_router)
+    app.include_router(llamacpp_router)
     install_openapi(app)
 
     @app.get("/metrics", include_in_schema=False)
@@ -106,9 +114,16 @@ def create_app(settings: Settings, engine: Engine, accounting: Accounting | None
 
     # the paths metrics are labelled with (FastAPI may keep an included router's routes
     # behind one entry of app.routes, so they are read from the router)
-    routes = {
-        str(getattr(r, "path", "")) for r in [*router.routes, *admin_router.routes, *app.routes]
-    }
+    routers = [
+        router,
+        admin_router,
+        ollama_router,
+        anthropic_router,
+        embeddings_router,
+        llamacpp_router,
+    ]
+    every = [r for each in routers for r in each.routes] + list(app.routes)
+    routes = {str(getattr(r, "path", "")) for r in every}
     telemetry = Telemetry(engine, routes)
     app.state.telemetry = telemetry
     # added last = outermost: the guard sees each request first
@@ -123,8 +138,8 @@ def create_app(settings: Settings, engine: Engine, accounting: Accounting | None
     )
     posts = {
         str(getattr(r, "path", ""))
-        for r in [*router.routes, *admin_router.routes, *app.routes]
-        if "POST" in (getattr(r, "methods", None) or ())
+        for r in every
+        if {"POST", "DELETE"} & set(getattr(r, "methods", None) or ())
     }
     app.add_middleware(
         Guard,

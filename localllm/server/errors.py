@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localllm.errors import LocalLLMError, ServerBusy
-from localllm.server.protocol import error_body
+from localllm.server.protocol import error_for
 
 log = logging.getLogger(__name__)
 
@@ -23,14 +23,16 @@ def error_response(
     param: str | None = None,
     code: str | None = None,
     headers: dict[str, str] | None = None,
+    path: str = "",
 ) -> JSONResponse:
-    return JSONResponse(error_body(message, err_type, param, code), status, headers=headers)
+    body = error_for(path, status, message, err_type, param, code)
+    return JSONResponse(body, status, headers=headers)
 
 
-def local_error_response(exc: LocalLLMError) -> JSONResponse:
+def local_error_response(exc: LocalLLMError, path: str = "") -> JSONResponse:
     headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, ServerBusy) else None
     return error_response(
-        exc.status, exc.public_message, exc.error_type, exc.param, exc.code, headers
+        exc.status, exc.public_message, exc.error_type, exc.param, exc.code, headers, path
     )
 
 
@@ -61,13 +63,13 @@ def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LocalLLMError)
-    async def _local(_: Request, exc: LocalLLMError) -> JSONResponse:
+    async def _local(request: Request, exc: LocalLLMError) -> JSONResponse:
         if exc.status >= 500 or exc.public_message != exc.message:
             log.error("%s", exc.message)
-        return local_error_response(exc)
+        return local_error_response(exc, request.url.path)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         # a union (str | list[str] | list[int]) fails once per branch: say the specific
         # failure (a bound, a bad character) before "should be a valid string"
         errors = sorted(exc.errors(), key=lambda e: str(e.get("type", "")).endswith("_type"))
@@ -78,10 +80,12 @@ def install_error_handlers(app: FastAPI) -> None:
         code = {"json_invalid": "invalid_json", "extra_forbidden": "unsupported_parameter"}.get(
             str(first), "invalid_value"
         )
-        return error_response(400, message, "invalid_request_error", field, code)
+        return error_response(
+            400, message, "invalid_request_error", field, code, path=request.url.path
+        )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
         return error_response(
             exc.status_code,
@@ -90,9 +94,11 @@ def install_error_handlers(app: FastAPI) -> None:
             None,
             code,
             headers=dict(exc.headers or {}),  # a 405's Allow
+            path=request.url.path,
         )
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return error_response(500, f"Internal error: {type(exc).__name__}", "server_error")
+        message = f"Internal error: {type(exc).__name__}"
+        return error_response(500, message, "server_error", path=request.url.path)

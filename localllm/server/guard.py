@@ -32,7 +32,7 @@ from typing import Any
 
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting, Key
-from localllm.server.protocol import error_body
+from localllm.server.protocol import error_for
 
 access_log = logging.getLogger("localllm.access")
 
@@ -145,7 +145,8 @@ class Guard:
                 await self.app(scope, receive, send_with_headers)
             else:
                 status, message, code, extra = refusal
-                await _send_error(send_with_headers, status, message, code, extra)
+                path = str(scope.get("path", ""))
+                await _send_error(send_with_headers, status, message, code, extra, path)
         finally:
             self._done(scope, state, record, started)
 
@@ -256,12 +257,12 @@ def _presented(headers: dict[str, str]) -> str:
 
 
 async def _send_error(
-    send: Send, status: int, message: str, code: str, headers: dict[str, str]
+    send: Send, status: int, message: str, code: str, headers: dict[str, str], path: str
 ) -> None:
     err_type = {401: "authentication_error", 429: "rate_limit_error"}.get(
         status, "invalid_request_error"
     )
-    body = json.dumps(error_body(message, err_type, None, code)).encode()
+    body = json.dumps(error_for(path, status, message, err_type, None, code)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})

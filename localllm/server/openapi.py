@@ -28,6 +28,23 @@ _ERROR = {
         }
     },
 }
+_OLLAMA_ERROR = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {"error": {"type": "string"}},
+}
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
 _WHY = {
     "400": "The request is invalid: the message names the field and the numbers",
     "401": "An API key is required and missing or wrong",
@@ -40,7 +57,16 @@ _WHY = {
 }
 _ALWAYS = ("401", "403", "404", "429")
 _WITH_BODY = ("400", "413", "415", "503")
-_STREAMED = ("/v1/chat/completions", "/v1/completions")
+_STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+_NDJSON = ("/api/chat", "/api/generate", "/api/pull")
+
+
+def _error_ref(path: str) -> str:
+    if path.startswith("/api/"):
+        return "#/components/schemas/OllamaError"
+    if path.startswith("/v1/messages"):
+        return "#/components/schemas/AnthropicError"
+    return "#/components/schemas/Error"
 
 
 def install_openapi(app: FastAPI) -> None:
@@ -56,7 +82,10 @@ def install_openapi(app: FastAPI) -> None:
 
 def describe(doc: dict[str, Any]) -> dict[str, Any]:
     components = doc.setdefault("components", {})
-    components.setdefault("schemas", {})["Error"] = _ERROR
+    schemas = components.setdefault("schemas", {})
+    schemas["Error"] = _ERROR
+    schemas["OllamaError"] = _OLLAMA_ERROR
+    schemas["AnthropicError"] = _ANTHROPIC_ERROR
     for name in ("HTTPValidationError", "ValidationError"):
         components.get("schemas", {}).pop(name, None)
     components["securitySchemes"] = {
@@ -72,7 +101,7 @@ def describe(doc: dict[str, Any]) -> dict[str, Any]:
             responses = op.setdefault("responses", {})
             responses.pop("422", None)
             codes = list(_ALWAYS)
-            if method in ("post", "put", "patch"):
+            if method in ("post", "put", "patch", "delete"):
                 codes += _WITH_BODY
             if path == "/health":
                 codes = ["403", "503"]
@@ -83,9 +112,7 @@ def describe(doc: dict[str, Any]) -> dict[str, Any]:
                     code,
                     {
                         "description": _WHY[code],
-                        "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
-                        },
+                        "content": {"application/json": {"schema": {"$ref": _error_ref(path)}}},
                     },
                 )
             if path in _STREAMED and "200" in responses:
@@ -103,4 +130,8 @@ def describe(doc: dict[str, Any]) -> dict[str, Any]:
                         },
                     },
                 }
+            if path in _NDJSON and "200" in responses:
+                content = responses["200"].setdefault("content", {})
+                # one line of the stream: a JSON object (the last says "done")
+                content["application/x-ndjson"] = {"schema": {"type": "object"}}
     return doc

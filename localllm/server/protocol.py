@@ -644,3 +644,28 @@ def model_list(names: list[str], created: int) -> dict:
 
 def error_body(message: str, err_type: str, param: str | None, code: str | None) -> dict:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
+
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def error_for(
+    path: str, status: int, message: str, err_type: str, param: str | None, code: str | None
+) -> dict:
+    """An error in the shape of the API a path belongs to: Ollama's `{"error": message}`
+    under /api/, Anthropic's under /v1/messages, OpenAI's everywhere else."""
+    if path.startswith("/api/"):
+        return {"error": message}
+    if path.startswith("/v1/messages"):
+        kind = _ANTHROPIC_TYPES.get(
+            status, "api_error" if status >= 500 else "invalid_request_error"
+        )
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    return error_body(message, err_type, param, code)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from localllm.backends.base import Chunk, TokenLogprob, ToolCall
 from localllm.backends.tools import ReplyReader, ToolFormat
 from localllm.config import Settings
-from localllm.engine.stream import ChunkStream
+from localllm.engine.stream import ChunkStream, Started
 from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.server import protocol as wire
@@ -85,29 +85,39 @@ def _sse(frames: object) -> StreamingResponse:
     return StreamingResponse(frames, media_type="text/event-stream", headers=headers)  # type: ignore[arg-type]
 
 
-async def _respond(
-    request: Request, body: wire.SamplingFields, req: EngineRequest, kind: type[wire.Shapes]
-) -> JSONResponse | StreamingResponse:
-    """Run a request; answer with one JSON body or an SSE stream in `kind`'s wire shape."""
+async def start(
+    request: Request, req: EngineRequest
+) -> tuple[ChunkStream, Started, ReplyReader | None]:
+    """Submit a request and wait until its prompt is accepted (errors before the first
+    token keep their status; a client that leaves meanwhile cancels it). With tools, the
+    reader for the reply's calls in the model's format."""
     stream = _engine(request).submit(req)
     watcher = asyncio.create_task(_cancel_on_disconnect(stream, request))
     try:
-        started = await stream.started()  # errors before the first token keep their status
+        started = await stream.started()
     except BaseException:
         stream.cancel()
         raise
     finally:
         watcher.cancel()
+    reader = None
+    if req.tools is not None and started.tool_format is not None:
+        fmt: ToolFormat = started.tool_format  # type: ignore[assignment]
+        reader = ReplyReader(fmt, req.tools.names())
+    return stream, started, reader
+
+
+async def _respond(
+    request: Request, body: wire.SamplingFields, req: EngineRequest, kind: type[wire.Shapes]
+) -> JSONResponse | StreamingResponse:
+    """Run a request; answer with one JSON body or an SSE stream in `kind`'s wire shape."""
+    stream, started, reader = await start(request, req)
     shapes = kind(started.model, started.prompt_tokens, logprobs=req.params.logprobs is not None)
     if started.dropped_messages:
         shapes.truncated = {
             "dropped_messages": started.dropped_messages,
             "prompt_tokens_before": started.prompt_tokens_before,
         }
-    reader = None
-    if req.tools is not None and started.tool_format is not None:
-        fmt: ToolFormat = started.tool_format  # type: ignore[assignment]
-        reader = ReplyReader(fmt, req.tools.names())
     if not body.stream:
         text, scores, final = await _collect(stream, request)
         if reader is None:

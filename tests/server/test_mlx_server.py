@@ -86,3 +86,12 @@ def test_constrained_output_on_mlx(mlx_server: ServerProcess):
     assert call.choices[0].finish_reason == "tool_calls"
     (made,) = call.choices[0].message.tool_calls
     assert made.function.name == "look_up" and "topic" in json.loads(made.function.arguments)
+
+
+def test_embeddings_refused_on_mlx(mlx_server: ServerProcess):
+    import httpx
+
+    r = httpx.post(mlx_server.base + "/v1/embeddings", json={"model": "starter", "input": "hi"},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "embeddings_not_supported"
+    assert "mlx-lm cannot compute embeddings" in r.json()["error"]["message"]
