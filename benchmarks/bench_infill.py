@@ -7,7 +7,8 @@ same staged model in the same run.
 The starter has no FIM tokens; as in tests/server/test_infill.py, a copy names five of
 its tokens as the FIM markers (the layout and the cache are measured, not the
 completion's quality). Each round starts both servers fresh, so the first request reads
-the whole prompt; the repeat should read only what changed. Latency is the whole request
+the whole prompt (localllm gets fresh data and cache folders: its prompt cache persists
+across restarts); the repeat should read only what changed. Latency is the whole request
 (client-side); n_predict is 16, greedy.
 """
 
@@ -108,10 +109,14 @@ def main() -> None:
         for name in order:
             if name == "llama-server" and not binary:
                 continue
+            fresh = Path(tempfile.mkdtemp())  # no prompt cache left by an earlier round
+            env = {"LOCALLLM_DATA_DIR": str(fresh / "data"), "LOCALLLM_CACHE_DIR": str(fresh)}
             server: Server = (
                 LlamaServer(str(binary), model)
                 if name == "llama-server"
-                else Server("--model", str(model), "--ctx", str(CTX), "--threads", str(THREADS))
+                else Server(
+                    "--model", str(model), "--ctx", str(CTX), "--threads", str(THREADS), env=env
+                )
             )
             rows[name].append(run(server))
             print(name, {k: round(v, 1) for k, v in rows[name][-1].items()}, flush=True)
