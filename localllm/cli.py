@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--ctx",
             type=_positive_int,
             dest="n_ctx",
-            help="context size in tokens (default: min(trained, 4096))",
+            help="context size in tokens (default: the trained context, as far as memory allows)",
         )
         p.add_argument(
             "--threads",
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--ctx",
         type=_positive_int,
         dest="n_ctx",
-        help="context size in tokens (default: min(trained, 4096))",
+        help="context size in tokens (default: the trained context, as far as memory allows)",
     )
     chat.add_argument(
         "--threads",

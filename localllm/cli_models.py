@@ -85,7 +85,6 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
     meta = read_meta(ref.path, ref.format)
-    n_ctx = settings.n_ctx or default_n_ctx(meta.n_ctx_train)
     kv_per_token, kv_type = meta.kv_bytes_per_token, "f16"
     try:
         chosen = plan(ref, settings.backend, settings.models_dir)
@@ -97,6 +96,12 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         kv_per_token, kv_type = kv_per_token * 2, "f32"  # MLX computes in f32 on a CPU
     kv_scale = 2 if kv_type == "f32" else 1
     n_seq = settings.parallel or DEFAULT_PARALLEL
+    room = fit.free_memory(budget_mb=settings.memory_budget_mb)
+    n_ctx = (
+        settings.n_ctx
+        or fit.default_context(ref, room, n_seq, kv_scale=kv_scale)
+        or default_n_ctx(meta.n_ctx_train)
+    )
     need = fit.from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale).with_seq(n_seq)
     need = need.with_draft(_configured_draft(settings), target=ref, kv_scale=kv_scale)
     fim = "yes" if meta.fim_ids else "no"

@@ -62,7 +62,7 @@ class Settings:
     port: int = DEFAULT_PORT
     model: str = "starter"
     backend: str = "auto"  # auto | llamacpp | mlx
-    n_ctx: int | None = None  # None: min(trained context, 4096)
+    n_ctx: int | None = None  # None: the trained context, halved while it does not fit
     n_threads: int | None = None  # None: physical cores
     n_gpu_layers: int = -1  # -1: every layer when the build can offload
     max_queue: int = 16  # requests waiting or running before 503

@@ -39,3 +39,71 @@ def copy_with_metadata(
         writer.write_tensor_data(t.data)
     writer.close()
     return dst
+
+
+def tiny_bert(dst: Path, *, pooling: int = 2, seed: int = 0) -> Path:
+    """A two-layer BERT embedding model (32 wide) with random weights and a small
+    WordPiece vocabulary, pooling CLS (2) by default: what llama.cpp needs to run the
+    BERT family, for the embedding path's shape and pooling (not for quality)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n_embd, n_ff, n_ctx, n_layer, n_head = 32, 64, 128, 2, 2
+    words = ["the", "cat", "sat", "on", "mat", "dog", "ran", "code", "file"]
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    # llama.cpp's WordPiece vocabulary: a word's start carries U+2581, "##" is dropped
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab += ["\u2581" + w for w in words] + ["\u2581" + c for c in letters] + letters
+    vocab += ["\u2581.", "\u2581,", "\u2581!", "\u2581?"]
+    types = [gguf.TokenType.CONTROL] * 5 + [gguf.TokenType.NORMAL] * (len(vocab) - 5)
+    w = gguf.GGUFWriter(dst, arch="bert")
+    w.add_name("tiny-bert")
+    w.add_context_length(n_ctx)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(n_ff)
+    w.add_block_count(n_layer)
+    w.add_head_count(n_head)
+    w.add_layer_norm_eps(1e-12)
+    w.add_causal_attention(False)
+    w.add_pooling_type(gguf.PoolingType(pooling))
+    w.add_tokenizer_model("bert")
+    w.add_token_list(vocab)
+    w.add_token_types(types)
+    w.add_token_type_count(2)
+    w.add_bos_token_id(2)  # llama.cpp's WordPiece input: [CLS] (as BOS) ... [SEP]
+    w.add_uint32("tokenizer.ggml.cls_token_id", 2)
+    w.add_sep_token_id(3)
+    w.add_unk_token_id(1)
+    w.add_pad_token_id(0)
+    w.add_mask_token_id(4)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(True)
+
+    def t(name: str, *shape: int, scale: float = 0.2) -> None:
+        w.add_tensor(name, (rng.standard_normal(shape) * scale).astype(np.float32))
+
+    def ones(name: str, n: int) -> None:
+        w.add_tensor(name, np.ones(n, dtype=np.float32))
+
+    t("token_embd.weight", len(vocab), n_embd)
+    t("token_types.weight", 2, n_embd)
+    t("position_embd.weight", n_ctx, n_embd)
+    ones("token_embd_norm.weight", n_embd)
+    t("token_embd_norm.bias", n_embd, scale=0.0)
+    for i in range(n_layer):
+        for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
+            t(f"blk.{i}.{part}.weight", n_embd, n_embd)
+            t(f"blk.{i}.{part}.bias", n_embd, scale=0.02)
+        ones(f"blk.{i}.attn_output_norm.weight", n_embd)
+        t(f"blk.{i}.attn_output_norm.bias", n_embd, scale=0.0)
+        t(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        t(f"blk.{i}.ffn_up.bias", n_ff, scale=0.02)
+        t(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+        t(f"blk.{i}.ffn_down.bias", n_embd, scale=0.02)
+        ones(f"blk.{i}.layer_output_norm.weight", n_embd)
+        t(f"blk.{i}.layer_output_norm.bias", n_embd, scale=0.0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

@@ -331,20 +331,30 @@ def parse(fmt: ToolFormat, text: str, names: Sequence[str]) -> Parsed:
     return Parsed("", found) if found else Parsed(text)
 
 
+GENERIC_CONTENT = '{"content": "'  # how a generic answer begins (compact JSON: see JSON_OPTIONS)
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "b": "\b", "f": "\f", "/": "/", "\\": "\\", '"': '"'}
+
+
 class ReplyReader:
     """Reads a streamed reply: content is passed on as it comes, calls are held until the
-    reply ends (a call is only sent whole, as its arguments must parse)."""
+    reply ends (a call is only sent whole, as its arguments must parse). A generic answer
+    is JSON, `{"content": "..."}`: its string is decoded and passed on as it grows."""
 
     def __init__(self, fmt: ToolFormat, names: Sequence[str]) -> None:
         self.fmt = fmt
         self.names = list(names)
         self._text = ""
         self._sent = 0  # characters of _text passed on as content
-        self._held = fmt == "generic"  # the generic reply is JSON from its first byte
+        self._held = False
+        self._scan = len(GENERIC_CONTENT)  # generic: where the answer's string is read to
+        self._decoded = 0  # generic: characters of the answer passed on
+        self._closed = False  # generic: the answer's string has ended
 
     def feed(self, piece: str) -> str:
         """The content that can be passed on after `piece`."""
         self._text += piece
+        if self.fmt == "generic":
+            return self._generic()
         if self._held:
             return ""
         text = self._text
@@ -362,6 +372,46 @@ class ReplyReader:
             return ""
         return self._take(len(text))
 
+    def _generic(self) -> str:
+        """The next decoded characters of a generic answer's string (none for calls)."""
+        text = self._text
+        if self._closed or not text.startswith(GENERIC_CONTENT):
+            return ""
+        out: list[str] = []
+        i = self._scan
+        while i < len(text):
+            ch = text[i]
+            if ch == '"':
+                self._closed = True
+                break
+            if ch != "\\":
+                out.append(ch)
+                i += 1
+                continue
+            if i + 1 >= len(text):
+                break  # the escape is not complete yet
+            kind = text[i + 1]
+            if kind != "u":
+                out.append(_ESCAPES.get(kind, kind))
+                i += 2
+                continue
+            if i + 6 > len(text):
+                break
+            code = int(text[i + 2 : i + 6], 16)
+            if 0xD800 <= code < 0xDC00:  # a surrogate pair: both halves first
+                if i + 12 > len(text):
+                    break
+                low = int(text[i + 8 : i + 12], 16)
+                out.append(chr(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)))
+                i += 12
+                continue
+            out.append(chr(code))
+            i += 6
+        self._scan = i
+        decoded = "".join(out)
+        self._decoded += len(decoded)
+        return decoded
+
     def _take(self, end: int) -> str:
         out = self._text[self._sent : end]
         self._sent = max(self._sent, end)
@@ -372,6 +422,9 @@ class ReplyReader:
         parsed = parse(self.fmt, self._text, self.names)
         if not parsed.calls:
             if self.fmt == "generic":
+                if self._decoded:  # streamed as it came (cut short: what was read of it)
+                    answered = parsed.content if parsed.content != self._text else ""
+                    return Parsed(answered[self._decoded :])
                 return Parsed(parsed.content)
             return Parsed(self._text[self._sent :])
         if self.fmt == "hermes":

@@ -400,6 +400,26 @@ class Engine:
         self.cache.attach(res.model, res.cache_key)
         return res
 
+    def _regrow(self, job: _Job, res: Resident, error: ContextOverflow) -> bool:
+        """A prompt longer than the loaded context but within the trained one: the idle
+        model is reloaded with a context that holds it and its answer (a power of two, at
+        most the trained context) when memory allows, and the prompt read again. False
+        when it cannot be: the request then gets the 400 with both numbers."""
+        trained = res.model.info.n_ctx_train
+        want = error.prompt_tokens + (job.request.params.max_tokens or 1) + 1
+        if self.settings.n_ctx is not None or not trained or error.prompt_tokens >= trained:
+            return False  # a context the user set is kept
+        size = min(1 << (want - 1).bit_length(), trained)
+        grown = self._grow_context(res, size)
+        if grown is res:
+            return False
+        job.ref = grown.ref
+        grown.requests += 1
+        grown.scheduler.add(job)
+        grown.tokenizing += 1
+        self._tokenizers.submit(self._tokenize, job, grown)
+        return True
+
     def _grow_context(self, res: Resident, want: int) -> Resident:
         """The model reloaded with a context of `want` tokens (at most its trained context)
         when it has less, nothing is running on it, and the larger KV fits in what is free
@@ -464,7 +484,7 @@ class Engine:
     def _load(
         self, ref: ModelRef, progress: Callable[[float], None] | None, n_ctx: int | None
     ) -> Resident:
-        n = n_ctx or self.settings.n_ctx
+        n = n_ctx or self.settings.n_ctx or self._default_context(ref) or None
         need = self._with_parallel(self._estimate(ref, n))
         self._make_room(need)
         self._loading = True
@@ -503,6 +523,13 @@ class Engine:
             need.text(),
         )
         return res
+
+    def _default_context(self, ref: ModelRef) -> int:
+        """The trained context, capped by what fits beside the model (see fit)."""
+        on_mlx = self._backend == "mlx" or ref.format == "mlx"
+        scale = 2 if on_mlx and not apple_silicon() else 1
+        n_seq = self.settings.parallel or DEFAULT_PARALLEL
+        return fit.default_context(ref, self._room(), n_seq, kv_scale=scale)
 
     def _estimate(self, ref: ModelRef, n_ctx: int | None) -> fit.Estimate:
         on_mlx = self._backend == "mlx" or ref.format == "mlx"
@@ -879,6 +906,8 @@ class Engine:
             job.prompt = item.prompt  # ready: the scheduler starts it in its turn
             return
         waiting.remove(job)
+        if isinstance(error, ContextOverflow) and self._regrow(job, res, error):
+            return
         if isinstance(error, LocalLLMError):
             job.end(error)
         else:

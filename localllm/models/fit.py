@@ -158,6 +158,25 @@ def free_memory(*, gpu_offload: bool = False, budget_mb: int | None = None) -> F
     return free
 
 
+def default_context(
+    ref: ModelRef, room: Free, n_seq: int, *, kv_scale: int = 1, floor: int = 4096
+) -> int:
+    """The context a model gets unless told: the trained one, halved while its load (with
+    KV for n_seq sequences) would not fit in `room` or its KV would take more than half
+    of it; never below min(trained, floor). 0 when the header does not say."""
+    trained = trained_context(ref)
+    if not trained:
+        return 0
+    low = min(trained, floor)
+    n = trained
+    while n > low:
+        need = estimate(ref, n, kv_scale=kv_scale).with_seq(n_seq)
+        if fits(need, room) and need.kv <= room.bytes // 2:
+            break
+        n //= 2
+    return max(n, low)
+
+
 def fits(need: Estimate, free: Free) -> bool:
     return need.total <= free.bytes
 

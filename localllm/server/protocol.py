@@ -633,15 +633,6 @@ class TextShapes(Shapes):
         }
 
 
-def model_list(names: list[str], created: int) -> dict:
-    return {
-        "object": "list",
-        "data": [
-            {"id": n, "object": "model", "created": created, "owned_by": "local"} for n in names
-        ],
-    }
-
-
 def error_body(message: str, err_type: str, param: str | None, code: str | None) -> dict:
     return {"error": {"message": message, "type": err_type, "param": param, "code": code}}
 

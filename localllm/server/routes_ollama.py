@@ -15,8 +15,6 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
-from functools import lru_cache
-from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -40,8 +38,9 @@ from localllm.engine.stream import ChunkStream
 from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
-from localllm.models.gguf import ModelMeta, format_params, read_meta
+from localllm.models.gguf import ModelMeta, format_params
 from localllm.server import protocol as wire
+from localllm.server.model_facts import capabilities, meta_of
 from localllm.server.routes_openai import _collect, _who, start
 
 router = APIRouter()
@@ -213,15 +212,6 @@ def model_name(name: str) -> str:
 # -- model descriptions -------------------------------------------------------------
 
 
-@lru_cache(maxsize=64)
-def _meta(path: Path, fmt: str, _mtime_ns: int) -> ModelMeta:
-    return read_meta(path, fmt)
-
-
-def meta_of(ref: ModelRef) -> ModelMeta:
-    return _meta(ref.path, ref.format, ref.path.stat().st_mtime_ns)
-
-
 def _modified(ref: ModelRef) -> str:
     stamp = ref.path.stat().st_mtime
     return datetime.datetime.fromtimestamp(stamp, datetime.timezone.utc).isoformat()
@@ -244,14 +234,6 @@ def details(meta: ModelMeta, fmt: str) -> dict[str, Any]:
         "parameter_size": format_params(meta.params),
         "quantization_level": meta.quant,
     }
-
-
-def capabilities(meta: ModelMeta) -> list[str]:
-    """Every model can call tools here (a template without tools gets the generic format)."""
-    out = ["completion", "tools"]
-    if meta.fim_ids:
-        out.append("insert")
-    return out
 
 
 def _tag(ref: ModelRef) -> dict[str, Any]:
@@ -423,7 +405,7 @@ async def show(body: NameBody, request: Request) -> JSONResponse:
             ("top_p", defaults.top_p),
             ("top_k", defaults.top_k),
             ("min_p", defaults.min_p),
-            ("num_ctx", settings.n_ctx or min(meta.n_ctx_train, 4096)),
+            ("num_ctx", settings.n_ctx or _loaded_ctx(engine, ref.name) or meta.n_ctx_train),
         )
     )
     info = {
@@ -443,10 +425,14 @@ async def show(body: NameBody, request: Request) -> JSONResponse:
             "template": meta.chat_template or CHATML,
             "details": details(meta, ref.format),
             "model_info": info,
-            "capabilities": capabilities(meta),
+            "capabilities": capabilities(meta, ref.format),
             "modified_at": _modified(ref),
         }
     )
+
+
+def _loaded_ctx(engine: Engine, name: str) -> int | None:
+    return next((r["n_ctx"] for r in engine.resident() if r["model"] == name), None)
 
 
 @router.get("/api/ps")

@@ -14,7 +14,9 @@ from localllm.config import Settings
 from localllm.engine.stream import ChunkStream, Started
 from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
+from localllm.errors import LocalLLMError
 from localllm.server import protocol as wire
+from localllm.server.model_facts import capabilities, meta_of
 from localllm.server.sse import sse_frames
 
 router = APIRouter()
@@ -193,12 +195,46 @@ async def completions(
 
 @router.get("/v1/models")
 async def list_models(request: Request) -> JSONResponse:
+    """Local models, with extension fields: `context_length` (the trained context, which a
+    longer prompt may use when memory allows), `loaded_context_length` (what it is loaded
+    with now, or null) and `capabilities`."""
     engine = _engine(request)
-    names = engine.store.names()
-    for row in reversed(engine.resident()):
-        if row["model"] not in names:
-            names.insert(0, row["model"])
-    return JSONResponse(wire.model_list(names, wire.now()))
+    return JSONResponse(await asyncio.to_thread(_model_rows, engine))
+
+
+def _model_rows(engine: Engine) -> dict[str, Any]:
+    loaded = {row["model"]: row for row in engine.resident() if not row.get("draft_for")}
+    created = wire.now()
+    rows: list[dict[str, Any]] = []
+    seen = set()
+    for ref in engine.store.models():
+        if ref.name in seen:
+            continue
+        seen.add(ref.name)
+        row = {"id": ref.name, "object": "model", "created": created, "owned_by": "local"}
+        try:
+            meta = meta_of(ref)
+        except (LocalLLMError, OSError):
+            rows.append(row)
+            continue
+        now = loaded.get(ref.name)
+        row["context_length"] = meta.n_ctx_train
+        row["loaded_context_length"] = now["n_ctx"] if now else None
+        row["capabilities"] = capabilities(meta, ref.format)
+        rows.append(row)
+    for name, now in loaded.items():  # a model loaded by path is listed too
+        if name not in seen:
+            rows.insert(
+                0,
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "local",
+                    "loaded_context_length": now["n_ctx"],
+                },
+            )
+    return {"object": "list", "data": rows}
 
 
 @router.get("/health")

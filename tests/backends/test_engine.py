@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -79,10 +80,10 @@ def test_queue_bound_gives_server_busy(tmp_path: Path, store: ModelStore):
 def test_errors_reach_the_caller_typed(engine: Engine):
     with pytest.raises(ModelNotFound, match="Local models: starter"):
         next(engine.generate(Request(SamplingParams(), prompt="x", model="no-such-model")))
-    long = "word " * 5000
+    long = "word " * 9000  # longer than the starter's trained context of 8192
     with pytest.raises(ContextOverflow) as err:
         next(engine.generate(ask(long)))
-    assert err.value.n_ctx == 4096 and err.value.prompt_tokens > 4096
+    assert err.value.n_ctx == 8192 and err.value.prompt_tokens > 8192
 
 
 class _Crashy:
@@ -242,3 +243,32 @@ def test_prompts_are_rendered_and_tokenized_off_the_worker(engine: Engine, monke
                                            prompt="Once upon a time")))
     assert chunks[-1].finish_reason is not None
     assert seen and all(name.startswith("localllm-tokenize") for name in seen), seen
+
+
+def test_the_context_grows_for_a_longer_prompt_or_num_ctx(engine: Engine):
+    """Loaded with less than its trained context, an idle model is reloaded with a context
+    that holds a longer prompt (a power of two), or what a request asks for (min_ctx)."""
+    engine.load("starter", n_ctx=1024)
+    assert engine.resident()[0]["n_ctx"] == 1024
+    prompt = "word " * 1500
+    chunks = list(engine.generate(Request(SamplingParams(temperature=0.0, max_tokens=2),
+                                          prompt=prompt)))
+    assert chunks[-1].finish_reason is not None and chunks[-1].stats is not None
+    assert chunks[-1].stats.prompt_tokens > 1024
+    assert engine.resident()[0]["n_ctx"] == 2048
+    list(engine.generate(Request(SamplingParams(temperature=0.0, max_tokens=1), prompt="Hi",
+                                 min_ctx=4096)))
+    assert engine.resident()[0]["n_ctx"] == 4096
+    list(engine.generate(Request(SamplingParams(temperature=0.0, max_tokens=1), prompt="Hi",
+                                 min_ctx=1 << 20)))  # capped at the trained context
+    assert engine.resident()[0]["n_ctx"] == 8192
+
+
+def test_a_context_the_user_set_is_kept(settings: Settings, store: ModelStore):
+    eng = Engine(dataclasses.replace(settings, n_ctx=1024), store)
+    try:
+        with pytest.raises(ContextOverflow) as err:
+            next(eng.generate(ask("word " * 1500)))
+        assert err.value.n_ctx == 1024
+    finally:
+        eng.close()

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import base64
 import struct
+from pathlib import Path
 
 import httpx
 import numpy as np
 import openai
 
 from tests.conftest import ServerProcess
+from tests.gguf_fixtures import tiny_bert
 
 TEXTS = ["The cat sat on the mat.", "A cat was sitting on a rug.",
          "Quarterly revenue grew by eight percent.", "def add(a, b): return a + b"]
@@ -59,3 +61,27 @@ def test_limits_are_clear(server: ServerProcess):
     assert long.status_code == 400 and "4096" in long.json()["error"]["message"]
     empty = httpx.post(server.base + "/v1/embeddings", json={"model": "starter", "input": []})
     assert empty.status_code == 400
+
+
+def test_a_bert_embedding_model(tmp_path: Path):
+    """The BERT family as llama.cpp runs it: a tiny random-weight BERT in the store,
+    its CLS pooling from the GGUF, mean pooling on request."""
+    store = tmp_path / "data" / "models"
+    store.mkdir(parents=True)
+    tiny_bert(store / "tiny-bert.gguf")
+    srv = ServerProcess(tmp_path)
+    try:
+        body = {"model": "tiny-bert", "input": ["the cat sat", "a dog ran", "the cat sat"]}
+        r = httpx.post(srv.base + "/v1/embeddings", json=body, timeout=60).json()
+        vectors = np.array([d["embedding"] for d in r["data"]])
+        assert vectors.shape == (3, 32)
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+        assert np.allclose(vectors[0], vectors[2], atol=1e-5)
+        assert r["usage"]["prompt_tokens"] == 15  # [CLS] three words [SEP], three times
+        mean = httpx.post(srv.base + "/v1/embeddings", json={**body, "pooling": "mean"},
+                          timeout=60).json()
+        assert not np.allclose(mean["data"][0]["embedding"], vectors[0], atol=1e-3)
+        shown = httpx.post(srv.base + "/api/show", json={"model": "tiny-bert"}).json()
+        assert "embedding" in shown["capabilities"]
+    finally:
+        srv.stop()

@@ -183,10 +183,13 @@ def test_prompts_that_cannot_fit_are_refused_before_tokenizing(guarded: ServerPr
     many = {"messages": [{"role": "user", "content": "x"}] * 100_000, "max_tokens": 2}
     err = error_of(httpx.post(guarded.base + "/v1/chat/completions", json=many), 400)
     assert err["code"] == "context_length_exceeded" and "judged from its size" in err["message"]
-    specials = {"prompt": "<|im_end|>" * 100_000, "max_tokens": 2}
+    # 7 MB: more bytes than the loaded context's tokens times the longest token's
+    specials = {"prompt": "<|im_end|>" * 700_000, "max_tokens": 2}
     err = error_of(httpx.post(guarded.base + "/v1/completions", json=specials), 400)
     assert err["code"] == "context_length_exceeded" and "judged from its size" in err["message"]
-    assert "4096 tokens" in err["message"]
+    models = httpx.get(guarded.base + "/v1/models").json()["data"]
+    loaded = next(m["loaded_context_length"] for m in models if m["id"] == "starter")
+    assert f"{loaded} tokens" in err["message"]
 
 
 def test_a_failed_load_leaves_health_ok_and_paths_out_of_the_answer(tmp_path: Path):

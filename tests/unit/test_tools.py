@@ -78,8 +78,23 @@ def test_streamed_reply_passes_content_and_holds_calls():
     text = [plain.feed("Just <b>text</b>"), plain.feed(" here <tool")]
     assert "".join(text) + plain.close().content == "Just <b>text</b> here <tool"
     generic = ReplyReader("generic", ["get_weather"])
-    assert generic.feed('{"content": "Hi there"}') == ""
-    assert generic.close().content == "Hi there"
+    assert generic.feed('{"content": "Hi there"}') == "Hi there"
+    assert generic.close().content == ""
+
+
+def test_a_generic_answer_streams_as_it_grows():
+    reader = ReplyReader("generic", ["get_weather"])
+    pieces = ['{"con', 'tent": "Hel', 'lo \\"wor', 'ld\\" \\u00e9\\', "n", "\\ud83d",
+              "\\ude00", ' bye"}']
+    out = [reader.feed(p) for p in pieces]
+    assert out[:3] == ["", "Hel", 'lo "wor']
+    assert "".join(out) + reader.close().content == 'Hello "world" \u00e9\n\U0001f600 bye'
+    cut = ReplyReader("generic", [])
+    assert cut.feed('{"content": "half an ans') == "half an ans"
+    assert cut.close().content == ""  # cut short by max_tokens: nothing more to add
+    call = ReplyReader("generic", ["get_weather"])
+    assert call.feed('{"tool_calls": [{"name": "get_weather", "arguments": {}}]}') == ""
+    assert [c.name for c in call.close().calls] == ["get_weather"]
 
 
 def test_generic_turns_alternate_for_a_strict_template():
