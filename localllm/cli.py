@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a bad flag as one clear line (exit code 2)."""
+
+    command_names: frozenset[str] = frozenset()  # the top-level parser's commands
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"localllm: error: {message} (see '{self.prog} --help')\n")
@@ -47,7 +50,7 @@ def _port(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     parser = _Parser(
         prog="localllm",
         description="Local LLM inference: chat and an "
@@ -238,10 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
         "completion", parents=[common], help='shell completion: eval "$(localllm completion bash)"'
     )
     completion.add_argument("shell", choices=["bash", "zsh", "fish"])
-    from localllm import cli_keys, cli_service
+    from localllm import cli_keys, cli_logs, cli_service
 
     cli_keys.add_parsers(sub, common)
     cli_service.add_parsers(sub, common)
+    cli_logs.add_parsers(sub, common)
+    parser.command_names = frozenset(sub.choices)
     return parser
 
 
@@ -309,16 +314,51 @@ def _setup_logging(level: str) -> None:
     )
 
 
+_TOP_LEVEL = ("-h", "--help", "--version", "--log-level")
+
+
+def _with_command(parser: _Parser, raw: list[str]) -> list[str]:
+    """`localllm --port 9000` opens the chat with that flag: flags given to the bare
+    command are the chat's (argparse would read "9000" as the command's name)."""
+    names = parser.command_names
+    if not raw or not raw[0].startswith("-") or raw[0].split("=")[0] in _TOP_LEVEL:
+        return raw
+    if any(arg in names for arg in raw):
+        return raw
+    return ["chat", *raw]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None and "mlx.core" in sys.modules:
+        _end_process(code)
+    return code
+
+
+def _end_process(code: int) -> NoReturn:
+    """End a command that used MLX here. MLX keeps C++ threads for work done off the main
+    thread (the engine's worker) and their destructors call std::terminate while the
+    interpreter shuts down: the answer was printed, then "terminate called without an
+    active exception", ggml's backtrace and exit code 134. Everything the command wrote
+    is flushed and closed first; only the interpreter's teardown is skipped."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions: answer and exit
         import argcomplete
 
         argcomplete.autocomplete(parser)
-    args = parser.parse_args(argv)
+    raw = _with_command(parser, list(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(raw)
     command = args.command or "chat"
     if args.command is None:
-        args = parser.parse_args([*(sys.argv[1:] if argv is None else argv), "chat"])
+        args = parser.parse_args([*raw, "chat"])
     keys = (
         "model",
         "n_ctx",
@@ -341,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
     _setup_logging(settings.log_level)
-    from localllm import cli_keys, cli_models, cli_quantize, cli_service
+    from localllm import cli_keys, cli_logs, cli_models, cli_quantize, cli_service
 
     handlers: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
         "chat": cmd_chat,
@@ -362,6 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load": cli_models.cmd_load,
         "stop": cli_models.cmd_stop,
         "completion": cmd_completion,
+        "logs": cli_logs.cmd_logs,
     }
     try:
         return handlers[command](settings, args)
@@ -495,6 +536,11 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.server.guard import write_access_log
 
     write_access_log(sys.stderr)
+    from localllm.cli_logs import write_file_log
+
+    log_file = write_file_log(settings)
+    events = logging.getLogger("localllm.serve")
+    events.info("starting on %s (pid %d, log %s)", settings.base_url(), os.getpid(), log_file)
     failed: list[LocalLLMError] = []
 
     def load() -> None:
@@ -508,6 +554,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
             f"localllm: serving {ref.name} at {settings.base_url()} (Ctrl-C to stop)\n"
         )
         sys.stderr.flush()
+        events.info("serving %s at %s", ref.name, settings.base_url())
 
     threading.Thread(target=load, name="localllm-load", daemon=True).start()
     signal.signal(signal.SIGTERM, lambda *_: server.request_exit())
@@ -516,7 +563,9 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         engine.close()
         accounting.close()
+    events.info("stopped")
     if failed:
+        events.error("%s", failed[0].message)
         sys.stderr.write(f"localllm: error: {failed[0].message}\n")
         return 1
     return 0

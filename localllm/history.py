@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from localllm.errors import LocalLLMError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id INTEGER PRIMARY KEY,
@@ -36,6 +38,24 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+# The schema's version, kept in SQLite's `PRAGMA user_version`. A database written before
+# versions existed reads 0 and has the schema above (version 1). A change to the schema
+# adds its SQL here under the next number; opening a database runs what it lacks, in one
+# transaction.
+SCHEMA_VERSION = 1
+MIGRATIONS: dict[int, str] = {1: SCHEMA}
+
+
+class HistoryTooNew(LocalLLMError):
+    """The history was written by a newer localllm, with a schema this one cannot read."""
+
+    def __init__(self, path: Path, found: int) -> None:
+        super().__init__(
+            f"The chat history at {path} has schema version {found}; this localllm reads up "
+            f"to version {SCHEMA_VERSION}. Upgrade localllm, or move the file away to start "
+            "a new history."
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +107,25 @@ class History:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        found = int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        if found > SCHEMA_VERSION:
+            self._db.close()
+            raise HistoryTooNew(self.path, found)
+        if found == SCHEMA_VERSION:
+            return
+        with self._tx() as db:
+            for version in range(found + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[version].split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version = {version}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:

@@ -156,6 +156,10 @@ def _loads(arguments: str) -> Any:
 # Compact JSON: no free whitespace between tokens, so a model cannot spend its answer on
 # newlines (llguidance allows any amount by default).
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# Tool schemas are written by agents for cloud APIs and may use keywords the grammar
+# engine cannot enforce (uniqueItems, some formats): those are left unenforced (and
+# logged) rather than refusing the agent's every request; the rest still holds.
+TOOL_OPTIONS = {**JSON_OPTIONS, "lenient": True}
 
 
 _SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
@@ -185,8 +189,8 @@ def closed(schema: Any) -> Any:
 
 
 def json_rule(schema: dict[str, Any]) -> str:
-    """A Lark %json rule for a schema, compact (see JSON_OPTIONS)."""
-    return "%json " + json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+    """A Lark %json rule for a tool call's schema, compact and lenient (TOOL_OPTIONS)."""
+    return "%json " + json.dumps({**schema, "x-guidance": TOOL_OPTIONS})
 
 
 def _call_schema(function: dict[str, Any], key: str = "arguments") -> dict[str, Any]:

@@ -14,6 +14,7 @@ scheduler asks it for the allowed tokens before it samples and tells it what was
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import weakref
 from typing import Any
@@ -21,8 +22,10 @@ from typing import Any
 import numpy as np
 
 from localllm.backends.base import LoadedModel
-from localllm.backends.tools import JSON_OPTIONS, closed
+from localllm.backends.tools import JSON_OPTIONS, TOOL_OPTIONS, closed
 from localllm.errors import InvalidRequest, LocalLLMError
+
+log = logging.getLogger(__name__)
 
 _tokenizers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -34,13 +37,17 @@ def _llg() -> Any:
     return llguidance
 
 
-def from_json_schema(schema: dict[str, Any], *, param: str = "response_format") -> str:
+def from_json_schema(
+    schema: dict[str, Any], *, param: str = "response_format", lenient: bool = False
+) -> str:
     """The grammar for JSON matching `schema`; InvalidRequest naming what the library
-    cannot honour (an unsupported keyword, a bad reference, ...)."""
+    cannot honour (an unsupported keyword, a bad reference, ...). `lenient` (tool
+    schemas) leaves such keywords unenforced instead (see tools.TOOL_OPTIONS)."""
     llg = _llg()
+    options = TOOL_OPTIONS if lenient else JSON_OPTIONS
     try:
         grammar = llg.LLMatcher.grammar_from_json_schema(
-            json.dumps(closed(schema)), overrides=JSON_OPTIONS
+            json.dumps(closed(schema)), overrides=options
         )
     except (ValueError, TypeError) as exc:
         raise InvalidRequest(f"The JSON schema cannot be used: {exc}", param=param) from None
@@ -56,6 +63,9 @@ def any_json_object() -> str:
 def from_lark(source: str, *, param: str) -> str:
     grammar = _llg().LLMatcher.grammar_from_lark(source)
     check(grammar, param=param)
+    failed, notes = _llg().LLMatcher.validate_grammar_with_warnings(grammar)
+    if notes and not failed:
+        log.info("a tool schema is enforced in part: %s", "; ".join(notes))
     return grammar
 
 

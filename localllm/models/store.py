@@ -266,11 +266,33 @@ class ModelStore:
         for ref in models:
             if ref.name == name or ref.name.lower() == name.lower():
                 return ref
-        match = self._hf_match(name, models)
+        match = self._pulled_match(name, models) or self._hf_match(name, models)
         if match is not None:
             return match
         detail = "no such file" if path_like else ""
         raise ModelNotFound(name, [r.name for r in models], detail=detail)
+
+    def _pulled_match(self, name: str, models: list[ModelRef]) -> ModelRef | None:
+        """A store model pulled as `name` (`org/repo` or `org/repo:quant`): the string given
+        to `localllm pull` names what it pulled everywhere a model name is taken."""
+        if "/" not in name:
+            return None
+        repo, _, quant = name.partition(":")
+        found = []
+        for ref in models:
+            if ref.source != "store":
+                continue
+            pulled = _pulled_from(ref, self.models_dir)
+            if pulled is None or pulled.lower() != repo.lower():
+                continue
+            if quant and quant.lower() not in ref.path.name.lower():
+                continue
+            found.append(ref)
+        if len(found) > 1:
+            raise ModelNotFound(
+                name, [r.name for r in found], detail="several pulls match; add the quant"
+            )
+        return found[0] if found else None
 
     def _hf_match(self, name: str, models: list[ModelRef]) -> ModelRef | None:
         repo, _, quant = name.partition(":")
@@ -285,6 +307,23 @@ class ModelStore:
                 name, choices, detail="several GGUF files match; name one, e.g. repo:Q4_K_M"
             )
         return None
+
+
+def _pulled_from(ref: ModelRef, models_dir: Path) -> str | None:
+    """The hub repository a store model was pulled from (its provenance), if it was."""
+    from localllm.models.convert import PROVENANCE
+
+    folder = ref.path if ref.path.is_dir() else ref.path.parent
+    if folder == models_dir:
+        return None
+    try:
+        source = json.loads((folder / PROVENANCE).read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if isinstance(source, dict) and source.get("kind") == "pull":
+        repo = source.get("repo")
+        return repo if isinstance(repo, str) else None
+    return None
 
 
 def can_draft_for(draft: ModelRef, target: ModelRef) -> bool:

@@ -346,7 +346,7 @@ class ChatCompletionRequest(SamplingFields):
             raise InvalidRequest(f"two tools have the name {twice[0]!r}", param="tools")
         for t in self.tools:
             if t.function.parameters is not None:
-                grammar.from_json_schema(t.function.parameters, param="tools")
+                grammar.from_json_schema(t.function.parameters, param="tools", lenient=True)
         parallel = self.parallel_tool_calls is not False
         if isinstance(choice, NamedToolChoice):
             if choice.function.name not in names:

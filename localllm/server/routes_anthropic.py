@@ -160,7 +160,7 @@ class _Prompt(wire._Wire):
             return None
         names = [t.name for t in self.tools]
         for t in self.tools:
-            grammar.from_json_schema(t.input_schema, param="tools")
+            grammar.from_json_schema(t.input_schema, param="tools", lenient=True)
         parallel = not choice.disable_parallel_tool_use
         if choice.type == "tool":
             if choice.name not in names:

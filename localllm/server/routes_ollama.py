@@ -174,7 +174,7 @@ class ChatBody(_Common):
             return None
         for t in self.tools:
             if t.function.parameters is not None:
-                grammar.from_json_schema(t.function.parameters, param="tools")
+                grammar.from_json_schema(t.function.parameters, param="tools", lenient=True)
         functions = tuple(t.function.model_dump(exclude_none=True) for t in self.tools)
         return ToolSpec(tuple({"type": "function", "function": f} for f in functions), ToolChoice())
 

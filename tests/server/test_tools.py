@@ -229,3 +229,20 @@ def test_refusals_name_what_is_wrong(server: ServerProcess):
     assert err.body["code"] == "vision_not_supported" and "vision" in err.message
     err = refused(logit_bias={"99999999": 5})
     assert "99999999" in err.message and "vocabulary" in err.message
+
+
+def test_tool_schemas_written_for_cloud_apis_still_work(server: ServerProcess):
+    """Agents send schemas with keywords the grammar engine cannot enforce: those go
+    unenforced rather than refusing the request (response_format still refuses them)."""
+    tools = [{"type": "function", "function": {"name": "fetch", "parameters": {
+        "type": "object",
+        "properties": {"url": {"type": "string", "format": "uri-reference", "maxLength": 60},
+                       "tags": {"type": "array", "items": {"type": "string", "maxLength": 10},
+                                "uniqueItems": True, "maxItems": 2}},
+        "required": ["url"]}}}]
+    r = client_of(server).chat.completions.create(
+        model="starter", messages=[{"role": "user", "content": "Fetch example.com"}],
+        tools=tools, tool_choice="required", parallel_tool_calls=False, temperature=0)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "fetch"
+    assert isinstance(json.loads(call.function.arguments)["url"], str)

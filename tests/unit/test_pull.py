@@ -95,6 +95,12 @@ def test_pull_gguf_by_quant_then_run_it(
     assert len(gets(hub, "tiny-Q4_1.gguf")) == before
     assert main(["run", "Say hi", "--model", "tiny-Q4_1", "--max-tokens", "4"]) == 0
     assert capsys.readouterr().out.strip()
+    # the string given to pull names the model too, with or without its quant
+    for spec in (f"{GGUF_REPO}:Q4_1", GGUF_REPO, GGUF_REPO.upper()):
+        assert main(["run", "Say hi", "--model", spec, "--max-tokens", "2"]) == 0, spec
+        assert capsys.readouterr().out.strip()
+    assert main(["info", f"{GGUF_REPO}:Q4_1"]) == 0
+    assert "tiny-Q4_1" in capsys.readouterr().out
 
 
 def test_pull_mlx_repository_whole(
