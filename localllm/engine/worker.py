@@ -410,7 +410,11 @@ class Engine:
         if self.settings.n_ctx is not None or not trained or error.prompt_tokens >= trained:
             return False  # a context the user set is kept
         size = min(1 << (want - 1).bit_length(), trained)
-        grown = self._grow_context(res, size)
+        try:
+            grown = self._grow_context(res, size)
+        except LocalLLMError as exc:  # neither size could be loaded: this request hears why
+            job.end(exc)
+            return True
         if grown is res:
             return False
         job.ref = grown.ref
@@ -444,7 +448,15 @@ class Engine:
             return res
         log.info("%s: reloading with a %d-token context (was %d)", res.ref.name, want, info.n_ctx)
         default = res is self._default
-        return self._ensure_loaded(res.ref, n_ctx=want, default=default)
+        try:
+            return self._ensure_loaded(res.ref, n_ctx=want, default=default)
+        except LocalLLMError as exc:  # the estimate was wrong: back to the size it had
+            log.warning("%s: could not reload with %d tokens (%s)", res.ref.name, want, exc)
+            self._ensure_loaded(res.ref, n_ctx=info.n_ctx, default=default)
+            raise _GrowthFailed(
+                f"{res.ref.name} could not be reloaded with a {want}-token context "
+                f"({exc.public_message}); it stays at {info.n_ctx} tokens"
+            ) from None
 
     def with_model(
         self, model: str | None, fn: Callable[[LoadedModel], Any], *, allow_paths: bool = True
@@ -862,7 +874,11 @@ class Engine:
                 ref, default=default is None and job.ref is None, keep_alive=request.keep_alive
             )
             if request.min_ctx is not None:
-                res = self._grow_context(res, request.min_ctx)
+                path = res.ref.path
+                try:
+                    res = self._grow_context(res, request.min_ctx)
+                except _GrowthFailed:
+                    res = self._resident[path]  # served at the context it has
             job.ref = res.ref
             job.request = dataclasses.replace(request, deterministic=self._deterministic(request))
             res.requests += 1
@@ -991,6 +1007,14 @@ class Engine:
 
 
 _NO_JOB: Any = object()
+
+
+class _GrowthFailed(LocalLLMError):
+    """A model could not be reloaded with a larger context; it is back at its old one."""
+
+    status = 400
+    error_type = "invalid_request_error"
+    code = "context_length_exceeded"
 
 
 IDLE_WAIT_MAX_S = 3600.0

@@ -222,6 +222,13 @@ class SamplingFields(_Wire):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: Text | None = None  # an end user's id, for the caller's own records: not used
+    # OpenAI's hints for its own routing, caching and records; nothing to do here (the
+    # prompt cache keys by prefix on its own), so accepted rather than refused
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    metadata: dict[str, Text] | None = None
+    store: bool | None = None
     # extension: how long an on-demand model stays loaded after this request, like
     # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
     keep_alive: float | None = None
@@ -265,6 +272,13 @@ class SamplingFields(_Wire):
     def _check_n(cls, v: int | None) -> int | None:
         if v is not None and v != 1:
             raise ValueError(f"only n=1 is supported, got n={v}")
+        return v
+
+    @field_validator("store")
+    @classmethod
+    def _no_store(cls, v: bool | None) -> bool | None:
+        if v:
+            raise ValueError("store=true (keeping completions on the server) is not supported")
         return v
 
     @field_validator("logit_bias")

@@ -272,3 +272,26 @@ def test_a_context_the_user_set_is_kept(settings: Settings, store: ModelStore):
         assert err.value.n_ctx == 1024
     finally:
         eng.close()
+
+
+def test_a_failed_reload_keeps_the_old_context(engine: Engine, monkeypatch: pytest.MonkeyPatch):
+    """When the larger context cannot be loaded after all, the model comes back at the size
+    it had: a longer prompt gets a 400 saying so, a num_ctx request is served as it is."""
+    from localllm.errors import ModelLoadError
+
+    engine.load("starter", n_ctx=1024)
+    real = engine._load_with_backend
+
+    def refuse_big(ref: Any, options: Any) -> Any:
+        if options.n_ctx and options.n_ctx > 1024:
+            raise ModelLoadError(str(ref.path), "not enough memory after all")
+        return real(ref, options)
+
+    monkeypatch.setattr(engine, "_load_with_backend", refuse_big)
+    with pytest.raises(LocalLLMError, match="could not be reloaded with a 2048-token context"):
+        next(engine.generate(Request(SamplingParams(max_tokens=2), prompt="word " * 1500)))
+    assert engine.resident()[0]["n_ctx"] == 1024
+    chunks = list(engine.generate(Request(SamplingParams(temperature=0.0, max_tokens=1),
+                                          prompt="Hi", min_ctx=4096)))
+    assert chunks[-1].finish_reason is not None
+    assert engine.resident()[0]["n_ctx"] == 1024

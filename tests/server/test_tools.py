@@ -246,3 +246,14 @@ def test_tool_schemas_written_for_cloud_apis_still_work(server: ServerProcess):
     (call,) = r.choices[0].message.tool_calls
     assert call.function.name == "fetch"
     assert isinstance(json.loads(call.function.arguments)["url"], str)
+
+
+def test_openai_hints_are_accepted_and_store_is_refused(server: ServerProcess):
+    client = client_of(server)
+    r = client.chat.completions.create(
+        model="starter", messages=ASK, max_tokens=2, store=False, metadata={"a": "b"},
+        service_tier="auto", extra_body={"prompt_cache_key": "k", "safety_identifier": "u1"})
+    assert r.choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="starter", messages=ASK, max_tokens=2, store=True)
+    assert "store=true" in info.value.message
