@@ -10,7 +10,8 @@ the time from the first frame to the last, so the prompt's reading is left out; 
 ratio is taken per round and its median reported. Then a tool-call round trip (the
 generic format: a required call, then the answer after the tool's result, under
 `tool_choice: "none"`) is timed end to end, against the same two requests sent
-without tools, each asking for as many tokens as its counterpart made.
+without tools, each asking for as many tokens as its counterpart made. Last, in this
+process, what the grammar costs on its own: building a request's matcher, and a mask.
 """
 
 from __future__ import annotations
@@ -112,6 +113,38 @@ def round_trip(base: str, salt: int) -> tuple[float, float]:
     return t1 + t2, p1 + p2
 
 
+def matcher_costs() -> tuple[float, float]:
+    """(ms to build a request's matcher for a tool grammar, ms per token mask) on the
+    starter's vocabulary, in-process (the tokenizer table built first, as the engine
+    caches it)."""
+    from localllm.backends import tools
+    from localllm.backends.base import LoadOptions, ModelRef
+    from localllm.backends.llamacpp import LlamaCppBackend
+    from localllm.engine import grammar
+    from localllm.models.starter import starter_path
+
+    path = starter_path()
+    assert path is not None
+    model = LlamaCppBackend().load(
+        ModelRef("starter", path, "gguf", "starter"), LoadOptions(n_ctx=512, n_threads=1)
+    )
+    try:
+        grammar.tokenizer(model)
+        spec = tools.ToolSpec(tuple(TOOLS), tools.ToolChoice("auto"))
+        compiled = grammar.from_lark(tools.lark_grammar("generic", spec, json.dumps), param="tools")
+        t = time.perf_counter()
+        for _ in range(20):
+            constraint = grammar.Constraint(model, compiled)
+        build = (time.perf_counter() - t) / 20 * 1000
+        t = time.perf_counter()
+        for _ in range(200):
+            constraint.allowed()
+        mask = (time.perf_counter() - t) / 200 * 1000
+        return build, mask
+    finally:
+        model.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=7)
@@ -168,6 +201,10 @@ def main() -> None:
     print(
         f"tool-call round trip (call + answer): {with_tools * 1000:.0f} ms; the same token "
         f"counts without tools {plain * 1000:.0f} ms ({with_tools / plain:.2f}x)"
+    )
+    build, mask = matcher_costs()
+    print(
+        f"a request's tool-grammar matcher: {build:.2f} ms to build; a token's mask {mask:.3f} ms"
     )
 
 

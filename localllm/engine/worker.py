@@ -459,7 +459,12 @@ class Engine:
             ) from None
 
     def with_model(
-        self, model: str | None, fn: Callable[[LoadedModel], Any], *, allow_paths: bool = True
+        self,
+        model: str | None,
+        fn: Callable[[LoadedModel], Any],
+        *,
+        allow_paths: bool = True,
+        keep_alive: float | None = None,
     ) -> Any:
         """fn(the loaded model), run on the worker (the model loaded first; None: the
         default model), for a tokenizer call or a model's properties (any thread but the
@@ -469,7 +474,9 @@ class Engine:
         def call() -> Any:
             default = self._default
             chosen = ref or (default.ref if default else self.store.resolve(self.settings.model))
-            res = self._ensure_loaded(chosen, default=default is None and ref is None)
+            res = self._ensure_loaded(
+                chosen, default=default is None and ref is None, keep_alive=keep_alive
+            )
             return fn(res.model)
 
         return self._on_worker(call)

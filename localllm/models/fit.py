@@ -167,10 +167,11 @@ def default_context(
     trained = trained_context(ref)
     if not trained:
         return 0
+    base = estimate(ref, trained, kv_scale=kv_scale).with_seq(n_seq)  # one more header read
     low = min(trained, floor)
     n = trained
     while n > low:
-        need = estimate(ref, n, kv_scale=kv_scale).with_seq(n_seq)
+        need = base.at_ctx(n)
         if fits(need, room) and need.kv <= room.bytes // 2:
             break
         n //= 2

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from localllm.backends.base import (
     Chunk,
@@ -201,6 +201,18 @@ def check_keep_alive(seconds: float) -> float:
     return seconds
 
 
+def _duration(value: object) -> object:
+    return parse_duration(value) if isinstance(value, str) else value  # numbers: pydantic
+
+
+def _in_range(seconds: float | None) -> float | None:
+    return None if seconds is None else check_keep_alive(seconds)
+
+
+# seconds or a duration ("10m"), in range (check_keep_alive); None: the setting's
+KeepAlive = Annotated[float | None, BeforeValidator(_duration), AfterValidator(_in_range)]
+
+
 class StreamOptions(_Wire):
     include_usage: bool = False
 
@@ -231,7 +243,7 @@ class SamplingFields(_Wire):
     store: bool | None = None
     # extension: how long an on-demand model stays loaded after this request, like
     # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
-    keep_alive: float | None = None
+    keep_alive: KeepAlive = None
     # extension: speculative decoding for this request, and its draft model
     speculate: Literal["off", "lookup", "draft", "auto"] | None = None
     draft_model: Name | None = None
@@ -249,16 +261,6 @@ class SamplingFields(_Wire):
             "priority": self.priority,
             "deterministic": self.deterministic,
         }
-
-    @field_validator("keep_alive", mode="before")
-    @classmethod
-    def _parse_keep_alive(cls, v: object) -> object:
-        return parse_duration(v) if isinstance(v, str) else v  # numbers: pydantic checks
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _check_keep_alive(cls, v: float | None) -> float | None:
-        return None if v is None else check_keep_alive(v)
 
     @field_validator("stop")
     @classmethod
@@ -347,33 +349,40 @@ class ChatCompletionRequest(SamplingFields):
     def tool_spec(self) -> ToolSpec | None:
         """The tools and the choice among them; InvalidRequest when they disagree."""
         choice = self.tool_choice
-        if not self.tools:
-            if choice in ("required",) or isinstance(choice, NamedToolChoice):
-                raise InvalidRequest(
-                    "tool_choice asks for a tool call but the request has no tools",
-                    param="tool_choice",
-                )
-            return None
-        names = [t.function.name for t in self.tools]
-        twice = sorted({n for n in names if names.count(n) > 1})
-        if twice:
-            raise InvalidRequest(f"two tools have the name {twice[0]!r}", param="tools")
-        for t in self.tools:
-            if t.function.parameters is not None:
-                grammar.from_json_schema(t.function.parameters, param="tools", lenient=True)
         parallel = self.parallel_tool_calls is not False
         if isinstance(choice, NamedToolChoice):
-            if choice.function.name not in names:
-                raise InvalidRequest(
-                    f"tool_choice names {choice.function.name!r}, which is not among the "
-                    f"tools ({', '.join(names)})",
-                    param="tool_choice",
-                )
             picked = ToolChoice("function", choice.function.name, parallel)
         else:
             picked = ToolChoice(choice or "auto", None, parallel)
-        functions = tuple(t.function.model_dump(exclude_none=True) for t in self.tools)
-        return ToolSpec(tuple({"type": "function", "function": f} for f in functions), picked)
+        functions = [t.function.model_dump(exclude_none=True) for t in self.tools or ()]
+        return tool_spec(functions, picked)
+
+
+def tool_spec(functions: Sequence[dict[str, Any]], choice: ToolChoice) -> ToolSpec | None:
+    """The tools of a request (function definitions in OpenAI's form) and the choice among
+    them, checked alike for every API: a call asked for needs tools, names are unique, a
+    named choice is among them, and each parameter schema is one the grammar engine reads
+    (leniently: see tools.TOOL_OPTIONS). None without tools."""
+    if not functions:
+        if choice.mode in ("required", "function"):
+            raise InvalidRequest(
+                "tool_choice asks for a tool call but the request has no tools",
+                param="tool_choice",
+            )
+        return None
+    names = [f["name"] for f in functions]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise InvalidRequest(f"two tools have the name {twice[0]!r}", param="tools")
+    if choice.mode == "function" and choice.name not in names:
+        raise InvalidRequest(
+            f"tool_choice names {choice.name!r}, which is not among the tools ({', '.join(names)})",
+            param="tool_choice",
+        )
+    for f in functions:
+        if f.get("parameters") is not None:
+            grammar.from_json_schema(f["parameters"], param="tools", lenient=True)
+    return ToolSpec(tuple({"type": "function", "function": f} for f in functions), choice)
 
 
 class CompletionRequest(SamplingFields):
@@ -408,17 +417,7 @@ class AdminLoad(_Wire):
     model: Name
     n_ctx: int | None = Field(default=None, ge=16, le=1 << 20)
     # seconds or a duration ("10m"); negative: stays loaded for good; None: the setting's
-    keep_alive: float | None = None
-
-    @field_validator("keep_alive", mode="before")
-    @classmethod
-    def _parse_keep_alive(cls, v: object) -> object:
-        return parse_duration(v) if isinstance(v, str) else v
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _check_keep_alive(cls, v: float | None) -> float | None:
-        return None if v is None else check_keep_alive(v)
+    keep_alive: KeepAlive = None
 
 
 class AdminUnload(_Wire):

@@ -26,7 +26,6 @@ from pydantic import Field
 from localllm.backends.base import Chunk, Message, SamplingParams, ToolCall
 from localllm.backends.tools import ReplyReader, ToolChoice, ToolSpec
 from localllm.config import Settings
-from localllm.engine import grammar
 from localllm.engine.stream import ChunkStream
 from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
@@ -151,24 +150,8 @@ class _Prompt(wire._Wire):
 
     def tool_spec(self) -> ToolSpec | None:
         choice = self.tool_choice or AnthropicToolChoice(type="auto")
-        if not self.tools:
-            if choice.type in ("any", "tool"):
-                raise InvalidRequest(
-                    "tool_choice asks for a tool call but the request has no tools",
-                    param="tool_choice",
-                )
-            return None
-        names = [t.name for t in self.tools]
-        for t in self.tools:
-            grammar.from_json_schema(t.input_schema, param="tools", lenient=True)
         parallel = not choice.disable_parallel_tool_use
         if choice.type == "tool":
-            if choice.name not in names:
-                raise InvalidRequest(
-                    f"tool_choice names {choice.name!r}, which is not among the tools "
-                    f"({', '.join(names)})",
-                    param="tool_choice",
-                )
             picked = ToolChoice("function", choice.name, parallel)
         else:
             mode = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
@@ -176,9 +159,9 @@ class _Prompt(wire._Wire):
         functions = [
             {"name": t.name, "parameters": t.input_schema}
             | ({"description": t.description} if t.description else {})
-            for t in self.tools
+            for t in self.tools or ()
         ]
-        return ToolSpec(tuple({"type": "function", "function": f} for f in functions), picked)
+        return wire.tool_spec(functions, picked)
 
 
 class MessagesBody(_Prompt):

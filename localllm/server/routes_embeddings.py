@@ -56,7 +56,7 @@ class OllamaEmbedBody(wire._Wire):
     model: wire.Name
     input: wire.Text | list[wire.Text] = Field(default="")
     truncate: bool | None = None
-    keep_alive: float | str | None = None
+    keep_alive: wire.KeepAlive = None
     options: dict[str, Any] | None = None
     dimensions: int | None = None
 
@@ -83,11 +83,15 @@ class OllamaEmbeddingsBody(wire._Wire):
 
     model: wire.Name
     prompt: wire.Text
-    keep_alive: float | str | None = None
+    keep_alive: wire.KeepAlive = None
 
 
 async def _embed(
-    request: Request, model: str | None, inputs: list[str | list[int]], pooling: str | None
+    request: Request,
+    model: str | None,
+    inputs: list[str | list[int]],
+    pooling: str | None,
+    keep_alive: float | None = None,
 ) -> tuple[list[list[float]], int, str]:
     engine: Engine = request.app.state.engine
     settings: Settings = request.app.state.settings
@@ -97,7 +101,11 @@ async def _embed(
         return vectors, tokens, loaded.info.id
 
     result: tuple[list[list[float]], int, str] = await asyncio.to_thread(
-        engine.with_model, model, work, allow_paths=settings.allow_model_paths
+        engine.with_model,
+        model,
+        work,
+        allow_paths=settings.allow_model_paths,
+        keep_alive=keep_alive,
     )
     return result
 
@@ -131,11 +139,15 @@ async def ollama_embed(body: OllamaEmbedBody, request: Request) -> JSONResponse:
         inputs = list(body.input)
     if not inputs or inputs == [""]:
         return JSONResponse({"model": model_name(body.model), "embeddings": []})
-    vectors, tokens, name = await _embed(request, model_name(body.model), inputs, None)
+    vectors, tokens, name = await _embed(
+        request, model_name(body.model), inputs, None, body.keep_alive
+    )
     return JSONResponse({"model": name, "embeddings": vectors, "prompt_eval_count": tokens})
 
 
 @router.post("/api/embeddings")
 async def ollama_embeddings(body: OllamaEmbeddingsBody, request: Request) -> JSONResponse:
-    vectors, _, _ = await _embed(request, model_name(body.model), [body.prompt], None)
+    vectors, _, _ = await _embed(
+        request, model_name(body.model), [body.prompt], None, body.keep_alive
+    )
     return JSONResponse({"embedding": vectors[0]})

@@ -30,8 +30,10 @@ from localllm.server.routes_openai import IDLE_WAKE_S, _cancel_on_disconnect, _w
 
 router = APIRouter()
 
-# the sampler names llama-server takes in `samplers` that localllm runs (its own order)
-SAMPLERS = {"top_k", "top_p", "min_p", "temperature", "penalties", "dry", "infill", "typ_p"}
+# the names in llama-server's `samplers` that localllm honours: a filter left out of the
+# list is off; they run in localllm's order. "infill" (llama.cpp's end-of-fill handling)
+# is taken as a name llama.vim always sends: the fill ends at the model's end token.
+SAMPLERS = {"top_k", "top_p", "min_p", "temperature", "penalties", "infill"}
 
 
 class ExtraChunk(wire._Wire):
@@ -56,7 +58,11 @@ class InfillBody(wire._Wire):
     seed: int | None = None
     samplers: list[str] | None = None
     stream: Literal[False] = False
-    cache_prompt: bool = True
+    cache_prompt: Literal[True] = True  # false: a 400 (the prompt cache is always used)
+    # llama.vim sends it on every request; llama-server parses it and does nothing with it
+    # (a TODO in its source), so an editor's first request with a large context is read
+    # whole there. Accepted here for the same behaviour; cutting the prompt short would
+    # answer such requests with nothing.
     t_max_prompt_ms: int | None = Field(default=None, ge=0)
     t_max_predict_ms: int | None = Field(default=None, ge=0)
     response_fields: list[str] | None = None
@@ -71,11 +77,12 @@ class InfillBody(wire._Wire):
             )
         # n_predict 0 reads the prompt only (llama.vim warms the cache with it)
         limit = None if self.n_predict < 0 else max(self.n_predict, 1)
+        listed = set(SAMPLERS if self.samplers is None else self.samplers)
         return SamplingParams(temperature=0.0).with_overrides(
             temperature=self.temperature,
-            top_k=self.top_k,
-            top_p=self.top_p,
-            min_p=self.min_p,
+            top_k=self.top_k if "top_k" in listed else 0,
+            top_p=self.top_p if "top_p" in listed else 1.0,
+            min_p=self.min_p if "min_p" in listed else 0.0,
             repeat_penalty=self.repeat_penalty,
             seed=self.seed,
             max_tokens=limit,

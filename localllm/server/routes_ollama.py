@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from localllm import __version__
 from localllm.backends.base import (
@@ -130,18 +130,8 @@ class _Common(wire._Wire):
     format: Literal["json", ""] | dict[str, Any] | None = None
     options: Options | None = None
     stream: bool = True
-    keep_alive: float | None = None
+    keep_alive: wire.KeepAlive = None
     think: bool | None = None
-
-    @field_validator("keep_alive", mode="before")
-    @classmethod
-    def _parse_keep_alive(cls, v: object) -> object:
-        return wire.parse_duration(v) if isinstance(v, str) else v
-
-    @field_validator("keep_alive")
-    @classmethod
-    def _check_keep_alive(cls, v: float | None) -> float | None:
-        return None if v is None else wire.check_keep_alive(v)
 
     def grammar(self) -> str | None:
         if not self.format:
@@ -170,13 +160,8 @@ class ChatBody(_Common):
     tools: list[wire.ToolDef] | None = None
 
     def tool_spec(self) -> ToolSpec | None:
-        if not self.tools:
-            return None
-        for t in self.tools:
-            if t.function.parameters is not None:
-                grammar.from_json_schema(t.function.parameters, param="tools", lenient=True)
-        functions = tuple(t.function.model_dump(exclude_none=True) for t in self.tools)
-        return ToolSpec(tuple({"type": "function", "function": f} for f in functions), ToolChoice())
+        functions = [t.function.model_dump(exclude_none=True) for t in self.tools or ()]
+        return wire.tool_spec(functions, ToolChoice())
 
 
 class GenerateBody(_Common):

@@ -85,3 +85,12 @@ def test_a_bert_embedding_model(tmp_path: Path):
         assert "embedding" in shown["capabilities"]
     finally:
         srv.stop()
+
+
+def test_ollama_embed_keep_alive_is_read(server: ServerProcess):
+    ok = httpx.post(server.base + "/api/embed",
+                    json={"model": "starter", "input": "x", "keep_alive": "5m"}, timeout=60)
+    assert ok.status_code == 200
+    bad = httpx.post(server.base + "/api/embed",
+                     json={"model": "starter", "input": "x", "keep_alive": "soon"})
+    assert bad.status_code == 400 and "keep_alive" in bad.json()["error"]

@@ -125,3 +125,12 @@ def test_infill_needs_fim_tokens(server: ServerProcess):
     r = httpx.post(server.base + "/infill", json={"input_prefix": "def f():\n",
                                                   "input_suffix": "", "n_predict": 4})
     assert r.status_code == 400 and r.json()["error"]["code"] == "fim_not_supported"
+
+
+def test_infill_values_it_does_not_honour_are_refused(server: ServerProcess):
+    base = {"input_prefix": "def f():\n", "input_suffix": "", "n_predict": 4}
+    for extra, named in (({"cache_prompt": False}, "cache_prompt"),
+                         ({"samplers": ["top_k", "dry"]}, "dry"),
+                         ({"mirostat": 2}, "mirostat")):
+        r = httpx.post(server.base + "/infill", json={**base, **extra})
+        assert r.status_code == 400 and named in r.json()["error"]["message"], (extra, r.text)

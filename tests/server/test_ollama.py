@@ -84,6 +84,8 @@ def test_chat_streams_ndjson_and_reads_tools(http: httpx.Client):
     calls = [c for line in lines for c in line["message"].get("tool_calls", [])]
     text = "".join(line["message"]["content"] for line in lines)
     assert calls or text  # an answer, or calls (the generic format: always well formed)
+    # either way it was read back: the generic format's JSON never reaches the client
+    assert '"tool_calls"' not in text and not text.startswith('{"content"')
     for call in calls:
         assert call["function"]["name"] == "get_weather"
         assert isinstance(call["function"]["arguments"], dict)
