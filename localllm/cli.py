@@ -241,11 +241,12 @@ def build_parser() -> _Parser:
         "completion", parents=[common], help='shell completion: eval "$(localllm completion bash)"'
     )
     completion.add_argument("shell", choices=["bash", "zsh", "fish"])
-    from localllm import cli_keys, cli_logs, cli_service
+    from localllm import cli_keys, cli_logs, cli_remote, cli_service
 
     cli_keys.add_parsers(sub, common)
     cli_service.add_parsers(sub, common)
     cli_logs.add_parsers(sub, common)
+    cli_remote.add_parsers(sub, common)
     parser.command_names = frozenset(sub.choices)
     return parser
 
@@ -381,7 +382,7 @@ def _main(argv: Sequence[str] | None) -> int:
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
     _setup_logging(settings.log_level)
-    from localllm import cli_keys, cli_logs, cli_models, cli_quantize, cli_service
+    from localllm import cli_keys, cli_logs, cli_models, cli_quantize, cli_remote, cli_service
 
     handlers: dict[str, Callable[[Settings, argparse.Namespace], int]] = {
         "chat": cmd_chat,
@@ -403,6 +404,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "stop": cli_models.cmd_stop,
         "completion": cmd_completion,
         "logs": cli_logs.cmd_logs,
+        "remote": cli_remote.cmd_remote,
     }
     try:
         return handlers[command](settings, args)
@@ -450,10 +452,13 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     engine = Engine(settings)
     cancel = threading.Event()
     try:
-        engine.load(settings.model, progress=progress_printer(f"Loading {settings.model}"))
+        remote = engine.remotes.find(settings.model) is not None  # served elsewhere
+        if not remote:
+            engine.load(settings.model, progress=progress_printer(f"Loading {settings.model}"))
+        request = Request(params, messages=messages, model=settings.model if remote else None)
         final = None
         try:
-            for chunk in engine.generate(Request(params, messages=messages), cancel=cancel):
+            for chunk in engine.generate(request, cancel=cancel):
                 if chunk.text:
                     sys.stdout.write(chunk.text)
                     sys.stdout.flush()
@@ -498,7 +503,8 @@ def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
 
     engine = Engine(settings)
     try:
-        engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
+        if engine.remotes.find(settings.model) is None:  # a remote's model loads nothing
+            engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
         history = History(settings.data_dir / "history.sqlite3")
         try:
             ChatApp(settings, engine, history=history, serve=not args.no_serve).run()
@@ -523,6 +529,11 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     engine = Engine(settings)
     engine.observers.append(accounting.observe)
     try:
+        if engine.remotes.find(settings.model) is not None:
+            raise ConfigError(
+                f"{settings.model} is a remote engine's model: the server's default model "
+                "is a local one; clients name the remote model in their requests"
+            )
         ref = engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
         sock = bind(settings.host, settings.port)
     except LocalLLMError as exc:

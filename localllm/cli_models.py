@@ -53,11 +53,30 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
                 **record,
             }
         )
+    for m in _remote_models(settings):
+        ctx = str(m.n_ctx) if m.n_ctx else "?"
+        rows.append((m.name, "remote", "?", "?", "-", ctx, f"remote {m.remote}"))
+        records.append(
+            {
+                "name": m.name,
+                "format": "remote",
+                "source": f"remote:{m.remote}",
+                "trained_context": m.n_ctx,
+                "readable": True,
+            }
+        )
     if getattr(args, "json", False):
         _print_json(records)
         return 0
     _print_table(rows)
     return 0
+
+
+def _remote_models(settings: Settings) -> list[Any]:
+    """The remote engines' models (each engine asked for its list, a few seconds at most)."""
+    from localllm.engine.remote_route import Remotes
+
+    return Remotes(settings).models_sync()
 
 
 def _print_json(value: Any) -> None:
@@ -420,6 +439,7 @@ def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
     cache = health.get("prompt_cache") or {}
     totals = health.get("totals") or {}
     _print_loaded(health.get("models") or [])
+    _print_remotes(health.get("remotes") or [])
     _print_activity(health.get("activity") or {})
     rows = [
         ("default model", f"{health.get('model') or '-'} ({health.get('status', '?')})"),
@@ -512,6 +532,18 @@ def _print_table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _print_remotes(remotes: list[dict[str, Any]]) -> None:
+    """Each remote engine: up, or down for how long and why."""
+    if not remotes:
+        return
+    rows = [("REMOTE", "URL", "STATE", "FAILURES", "LAST ERROR")]
+    for r in remotes:
+        state = "up" if r["state"] == "up" else f"down ({r['down_for_s']:.0f} s left)"
+        rows.append((r["name"], r["url"], state, str(r["failures"]), r.get("last_error") or "-"))
+    _print_table(rows)
+    print()
 
 
 def _print_activity(activity: dict[str, Any]) -> None:

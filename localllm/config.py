@@ -11,8 +11,10 @@ by `LOCALLLM_CONFIG`. Keys are the field names of `Settings`, for example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import sys
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,38 @@ def _lmstudio_dir() -> Path:
 def _ollama_dir() -> Path:
     explicit = os.environ.get("OLLAMA_MODELS")
     return Path(explicit).expanduser() if explicit else Path.home() / ".ollama" / "models"
+
+
+@dataclass(frozen=True, slots=True)
+class Remote:
+    """An OpenAI-compatible engine localllm fronts (vLLM, SGLang, TGI, llama-server):
+    its models are served as NAME/MODEL. The API key is read from the environment
+    variable `api_key_env` when a request is sent; it is never written anywhere."""
+
+    name: str
+    url: str  # the engine's OpenAI base URL, e.g. http://gpu-box:8000/v1
+    api_key_env: str | None = None
+    models: tuple[str, ...] = ()  # the models to expose; empty: whatever the engine lists
+    fallback: str | None = None  # a local model that answers while the engine is down
+    connect_timeout_s: float = 3.0
+    read_timeout_s: float = 300.0  # the longest silence between two streamed pieces
+    retries: int = 2  # further tries after a 429 or 503 (Retry-After is honoured)
+    failures_to_trip: int = 3  # consecutive failures before the engine is marked down
+    down_for_s: float = 30.0  # how long it stays marked down before one request tries again
+
+
+@dataclass(frozen=True, slots=True)
+class RouteRule:
+    """One rule of `model: "auto"` routing. A request matches when every condition given
+    holds; the first matching rule names the model (local, or a remote's NAME/MODEL)."""
+
+    model: str
+    min_prompt_chars: int | None = None  # the prompt's text, messages together
+    max_prompt_chars: int | None = None
+    tools: bool | None = None  # the request offers tools (true) or none (false)
+    json_schema: bool | None = None  # it asks for structured output
+    priority: str | None = None  # "high" or "normal"
+    client: str | None = None  # the API key's name ("chat" for the terminal chat)
 
 
 MAX_KEEP_ALIVE_S = 366 * 24 * 3600  # a keep-alive longer than a year is a mistake
@@ -92,6 +126,9 @@ class Settings:
     cache_dir: Path = field(default_factory=_cache_dir)
     lmstudio_dir: Path = field(default_factory=_lmstudio_dir)  # models used where they lie
     ollama_dir: Path = field(default_factory=_ollama_dir)
+    # engines elsewhere (TOML: [[remotes]] tables) and the rules of model "auto" ([[routes]])
+    remotes: tuple[Remote, ...] = ()
+    routes: tuple[RouteRule, ...] = ()
 
     @property
     def models_dir(self) -> Path:
@@ -108,40 +145,109 @@ class Settings:
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
-def _coerce(name: str, value: Any, source: str) -> Any:
-    """Turn a TOML or environment value into the field's type, or raise ConfigError."""
+_TABLES: dict[str, type] = {"remotes": Remote, "routes": RouteRule}
+
+
+def _tables(name: str, value: Any, source: str) -> tuple[Any, ...]:
+    """A list of tables (TOML [[name]], or a JSON list in the environment), each checked
+    against its dataclass: a scalar, an unknown key or a wrong type is one line naming
+    the key and where it came from."""
+    import json
+
+    import pydantic
+
+    if isinstance(value, str) and source.startswith(ENV_PREFIX):  # JSON in the environment
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {name} is not a JSON list of tables ({exc})") from None
+    if not isinstance(value, list):
+        raise ConfigError(
+            f"{source}: {name} must be a list of tables ([[{name}]] in TOML), "
+            f"got {type(value).__name__} {value!r}"
+        )
+    kind = _TABLES[name]
+    adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(kind)
+    known = [f.name for f in dataclasses.fields(kind)]
+    items = []
+    for i, table in enumerate(value):
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: {name}[{i}] must be a table, got {table!r}")
+        unknown = sorted(set(table) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"{source}: {name}[{i}] has unknown key(s) {', '.join(unknown)}; "
+                f"known: {', '.join(known)}"
+            )
+        try:
+            items.append(adapter.validate_python(table))
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"]) or "(table)"
+            said = err["msg"].replace("tuple", "list")
+            raise ConfigError(
+                f"{source}: {name}[{i}].{where}: {said} (got {err.get('input')!r})"
+            ) from None
+    return tuple(items)
+
+
+# -- the layers, through pydantic-settings ---------------------------------------------------
+# Settings stays a plain frozen dataclass inside the app (see the house style); loading it
+# is pydantic-settings' job: one source per layer (flags, then LOCALLLM_* variables, then
+# the TOML file, over the defaults), each field validated against its annotated type.
+# Each source checks its own values first, so that an error names the key and the file
+# or variable it came from (pydantic reports only the merged result).
+
+
+@functools.cache
+def _types() -> dict[str, Any]:
+    """Each setting's type, the annotations resolved (Path, int | None, tuple[Remote, ...])."""
+    return typing.get_type_hints(Settings)
+
+
+@functools.cache
+def _adapter(name: str) -> Any:
+    import pydantic
+
+    return pydantic.TypeAdapter(_types()[name])
+
+
+def _checked(name: str, value: Any, source: str) -> Any:
+    """A value from the TOML file or the environment, as the setting's type."""
+    import pydantic
+
     if value is None:
         return None
-    kind = str(_FIELDS[name].type)
+    if name in _TABLES:
+        return _tables(name, value, source)
+    kind = _types()[name]
+    if kind is Path or kind == Path | None:
+        value = Path(str(value)).expanduser()
+    elif str(kind).startswith("tuple"):  # a list of strings: TOML list, or commas in env
+        if not source.startswith(ENV_PREFIX) and not isinstance(value, list):
+            raise ConfigError(
+                f'{source}: {name} must be a list of strings (as {name} = ["a", "b"]), '
+                f"got {value!r}"
+            )
+        items = value.split(",") if isinstance(value, str) else value
+        if isinstance(items, list | tuple):
+            value = tuple(str(v).strip() for v in items if str(v).strip())
+    elif isinstance(value, bool) and bool not in typing.get_args(kind) and kind is not bool:
+        raise ConfigError(f"{source}: {name} = {value!r} is not valid (a boolean is not a number)")
     try:
-        if kind.startswith("tuple"):
-            items = value.split(",") if isinstance(value, str) else value
-            if not isinstance(items, list | tuple):
-                raise ValueError("expected a list of strings")
-            return tuple(str(v).strip() for v in items if str(v).strip())
-        if kind == "float":
-            if isinstance(value, bool):
-                raise ValueError("a boolean is not a number")
-            return float(value)
-        if "Path" in kind:
-            return Path(str(value)).expanduser()
-        if kind == "bool":
-            if isinstance(value, bool):
-                return value
-            word = str(value).strip().lower()
-            if word not in ("true", "false", "1", "0", "yes", "no"):
-                raise ValueError("expected true or false")
-            return word in ("true", "1", "yes")
-        if "int" in kind:
-            if isinstance(value, bool):
-                raise ValueError("a boolean is not a number")
-            blank = isinstance(value, str) and value.strip().lower() in ("", "none", "auto")
-            if blank and "None" in kind:
-                return None
-            return int(value)
-        return str(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: {name} = {value!r} is not valid ({exc})") from None
+        return _adapter(name).validate_python(value)
+    except pydantic.ValidationError as exc:
+        said = exc.errors()[0]["msg"].replace("tuple", "list")
+        raise ConfigError(f"{source}: {name} = {value!r} is not valid ({said})") from None
+
+
+def _from_text(name: str, text: str) -> Any:
+    """An environment variable's text for a setting: None-words for optional numbers."""
+    kind = _types()[name]
+    optional = type(None) in typing.get_args(kind)
+    if optional and text.strip().lower() in ("", "none", "auto"):
+        return None
+    return text
 
 
 def config_path(env: Mapping[str, str]) -> Path:
@@ -152,28 +258,79 @@ def config_path(env: Mapping[str, str]) -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME)) / "config.toml"
 
 
-def _from_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"Cannot read config file {path}: {exc}") from None
-    unknown = sorted(set(raw) - set(_FIELDS))
-    if unknown:
-        raise ConfigError(
-            f"Unknown key(s) in {path}: {', '.join(unknown)}. Known keys: {', '.join(_FIELDS)}."
-        )
-    return {k: _coerce(k, v, str(path)) for k, v in raw.items()}
+def _sources(env: Mapping[str, str], path: Path) -> tuple[Any, Any]:
+    """The environment and TOML sources for this load (a mapping and a file of its own,
+    so tests and the CLI load without touching os.environ)."""
+    from pydantic_settings import PydanticBaseSettingsSource, TomlConfigSettingsSource
+
+    class EnvSource(PydanticBaseSettingsSource):
+        """LOCALLLM_<KEY> variables."""
+
+        def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+            key = ENV_PREFIX + field_name.upper()
+            return env.get(key), key, False
+
+        def __call__(self) -> dict[str, Any]:
+            values = {}
+            for name in _FIELDS:
+                text, key, _ = self.get_field_value(None, name)
+                if text is not None:
+                    values[name] = _checked(name, _from_text(name, text), key)
+            return values
+
+    class TomlSource(TomlConfigSettingsSource):
+        """config.toml: unknown keys and unreadable files are refused, naming the file."""
+
+        def __call__(self) -> dict[str, Any]:
+            raw = super().__call__()
+            unknown = sorted(set(raw) - set(_FIELDS))
+            if unknown:
+                raise ConfigError(
+                    f"Unknown key(s) in {path}: {', '.join(unknown)}. "
+                    f"Known keys: {', '.join(_FIELDS)}."
+                )
+            return {k: _checked(k, v, str(path)) for k, v in raw.items()}
+
+    def toml(settings_cls: Any) -> Any:
+        if path.exists() and not path.is_file():
+            raise ConfigError(f"Cannot read config file {path}: it is not a file")
+        try:
+            return TomlSource(settings_cls, toml_file=path)
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"Cannot read config file {path}: {exc}") from None
+
+    return EnvSource, toml
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    values = {}
-    for name in _FIELDS:
-        key = ENV_PREFIX + name.upper()
-        if key in env:
-            values[name] = _coerce(name, env[key], key)
-    return values
+def _layered(env: Mapping[str, str], path: Path) -> Any:
+    """A pydantic-settings class with Settings' fields and this load's sources."""
+    import pydantic
+    from pydantic_settings import BaseSettings, SettingsConfigDict
+
+    env_source, toml_source = _sources(env, path)
+
+    class Layers(BaseSettings):
+        model_config = SettingsConfigDict(extra="forbid", frozen=True)
+
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: Any,
+            init_settings: Any,
+            env_settings: Any,
+            dotenv_settings: Any,
+            file_secret_settings: Any,
+        ) -> tuple[Any, ...]:
+            # first wins: flags (the init arguments), LOCALLLM_*, config.toml; then defaults
+            return (init_settings, env_source(settings_cls), toml_source(settings_cls))
+
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        if f.default_factory is not dataclasses.MISSING:
+            fields[f.name] = (_types()[f.name], pydantic.Field(default_factory=f.default_factory))
+        else:
+            fields[f.name] = (_types()[f.name], f.default)
+    return pydantic.create_model("LocalllmSettings", __base__=Layers, **fields)
 
 
 def load_settings(
@@ -183,17 +340,19 @@ def load_settings(
 
     Flags whose value is None are treated as not given.
     """
+    import pydantic
+
     env = os.environ if env is None else env
-    values: dict[str, Any] = {}
-    values.update(_from_file(config_path(env)))
-    values.update(_from_env(env))
-    for key, value in (flags or {}).items():
-        if value is None:
-            continue
+    given = {k: v for k, v in (flags or {}).items() if v is not None}
+    for key in given:
         if key not in _FIELDS:
             raise ConfigError(f"Unknown setting '{key}'")
-        values[key] = value
-    settings = Settings(**values)
+    try:
+        layers = _layered(env, config_path(env))(**given)
+    except pydantic.ValidationError as exc:  # a flag of the wrong type (the CLI checks them)
+        err = exc.errors()[0]
+        raise ConfigError(f"{err['loc'][0]}: {err['msg']} (got {err.get('input')!r})") from None
+    settings = Settings(**{name: getattr(layers, name) for name in _FIELDS})
     _validate(settings)
     return settings
 
@@ -236,5 +395,28 @@ def _validate(s: Settings) -> None:
         )
     if not 0 <= s.drain_s <= 3600:
         raise ConfigError(f"drain_s must be 0 to 3600 seconds, got {s.drain_s}")
+    _validate_remotes(s)
     if s.max_body_bytes < 1024:
         raise ConfigError(f"max_body_bytes must be at least 1024, got {s.max_body_bytes}")
+
+
+def _validate_remotes(s: Settings) -> None:
+    names = [r.name for r in s.remotes]
+    for r in s.remotes:
+        if not r.name or "/" in r.name or names.count(r.name) > 1:
+            raise ConfigError(
+                f"remote name {r.name!r} must be unique, non-empty and without '/' "
+                f"(its models are named {r.name or 'NAME'}/MODEL)"
+            )
+        if not r.url.startswith(("http://", "https://")):
+            raise ConfigError(f"remote '{r.name}': url must start with http:// or https://")
+        if r.retries < 0 or r.failures_to_trip < 1 or r.down_for_s < 0:
+            raise ConfigError(
+                f"remote '{r.name}': retries >= 0, failures_to_trip >= 1 and down_for_s >= 0, "
+                f"got {r.retries}, {r.failures_to_trip}, {r.down_for_s}"
+            )
+    for i, rule in enumerate(s.routes):
+        if rule.priority not in (None, "high", "normal"):
+            raise ConfigError(f"routes[{i}].priority must be high or normal, got {rule.priority!r}")
+        if rule.model == "auto":
+            raise ConfigError(f"routes[{i}].model cannot be auto (it would route to itself)")

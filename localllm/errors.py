@@ -210,3 +210,30 @@ class QuantizeFailed(LocalLLMError):
         super().__init__(f"Cannot quantize {source}: {reason}")
         self.source = source
         self.reason = reason
+
+
+class RemoteUnavailable(LocalLLMError):
+    """A registered remote engine cannot answer now: unreachable, timed out, overloaded
+    after retries, or marked down by its circuit breaker."""
+
+    status = 503
+    code = "remote_unavailable"
+
+    def __init__(self, remote: str, reason: str, *, retry_after_s: float | None = None) -> None:
+        hint = f"; retry in {retry_after_s:.0f} s" if retry_after_s else ""
+        super().__init__(f"Remote engine '{remote}' is unavailable: {reason}{hint}")
+        self.remote = remote
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+
+
+class RemoteRejected(LocalLLMError):
+    """A remote engine refused the request (a 4xx of its own): its status and message
+    are passed on, so the client learns what the engine said."""
+
+    error_type = "invalid_request_error"
+
+    def __init__(self, remote: str, status: int, message: str) -> None:
+        super().__init__(f"Remote engine '{remote}' refused the request ({status}): {message}")
+        self.status = status if 400 <= status < 500 else 502
+        self.code = "remote_rejected"

@@ -93,12 +93,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """`localllm serve` in a child process on a free port."""
+    """`localllm serve` in a child process on a free port (another server: override
+    `command` and `ready_path`)."""
 
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    ready_path = "/health"
+    log_prefix = "server"
+
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / f"server-{self.port}.log"
+        self.log = tmp / f"{self.log_prefix}-{self.port}.log"
         full_env = {
             **os.environ,
             "LOCALLLM_CONFIG": str(tmp / "none.toml"),
@@ -109,11 +114,14 @@ class ServerProcess:
             "LOCALLLM_OLLAMA_DIR": str(tmp / "ollama"),
             **(env or {}),
         }
-        cmd = [sys.executable, "-m", "localllm", "serve", "--port", str(self.port),
-               "--threads", str(THREADS), *args]
         self._fh = self.log.open("wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._fh, stderr=subprocess.STDOUT, env=full_env)
+        self.proc = subprocess.Popen(self.command(*args), stdout=self._fh,
+                                     stderr=subprocess.STDOUT, env=full_env)
         self._wait_ready()
+
+    def command(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "localllm", "serve", "--port", str(self.port),
+                "--threads", str(THREADS), *args]
 
     def _wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -121,7 +129,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited: {self.log.read_text()}")
             try:
-                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
+                if httpx.get(self.base + self.ready_path, timeout=1).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

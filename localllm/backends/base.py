@@ -116,7 +116,7 @@ class ModelRef:
 
     name: str
     path: Path
-    format: Literal["gguf", "mlx"]
+    format: Literal["gguf", "mlx", "remote"]  # remote: a model a remote engine serves
     source: str  # "starter" | "store" | "path" | "hf-cache"
     size_bytes: int = 0
 

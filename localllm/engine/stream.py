@@ -4,9 +4,10 @@ chunks, read with `async for` (or at the reader's own pace with `batches`)."""
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +23,35 @@ class Started:
     dropped_messages: int = 0  # by the truncate-oldest policy
     prompt_tokens_before: int = 0  # the prompt's length before those were dropped
     tool_format: str | None = None  # how the reply writes tool calls (backends/tools.py)
+    backend: str | None = None  # "remote" for a remote engine's model (else not said)
+    # a remote that could not answer, when its local fallback does instead, and why
+    fallback_from: str | None = None
+    note: str | None = None
 
 
 END = object()  # the worker's last item for a request
 _TIMEOUT = object()
+
+
+def chunks_of(
+    items: queue.Queue[Any], *, idle: Callable[[], None] | None = None
+) -> Iterator[Chunk]:
+    """A request's chunks from the queue its items go to, for synchronous readers: until
+    END, raising the request's error. With `idle`, it is called every 0.2 s that no item
+    comes (to pass on a cancel, say)."""
+    while True:
+        try:
+            item = items.get(timeout=0.2 if idle is not None else None)
+        except queue.Empty:
+            if idle is not None:
+                idle()
+            continue
+        if item is END:
+            return
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, Chunk):
+            yield item
 
 
 class ChunkStream:
@@ -46,6 +72,7 @@ class ChunkStream:
         self._eager = True  # wake the reader for every item
         self.info: Started | None = None
         self._done = False
+        self.on_cancel: Callable[[], None] | None = None  # told once, on cancel()
 
     def _feed(self, item: Any) -> None:  # called on the worker thread
         self._items.append(item)
@@ -160,6 +187,9 @@ class ChunkStream:
 
     def cancel(self) -> None:
         self._cancel.set()
+        hook, self.on_cancel = self.on_cancel, None
+        if hook is not None:
+            hook()
 
     async def aclose(self) -> None:
         self.cancel()

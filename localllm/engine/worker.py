@@ -40,12 +40,12 @@ from localllm.backends.base import (
 from localllm.backends.common import check_request
 from localllm.backends.tools import ToolSpec
 from localllm.config import DEFAULT_PARALLEL, Settings
-from localllm.engine import grammar
+from localllm.engine import grammar, remote_route
 from localllm.engine.placement import Plan, plan, prepare
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
 from localllm.engine.scheduler import Admission, Running, Scheduler, end_unstarted
 from localllm.engine.speculative import Speculation, configured_draft
-from localllm.engine.stream import END, ChunkStream, Started
+from localllm.engine.stream import END, ChunkStream, Started, chunks_of
 from localllm.errors import (
     ContextOverflow,
     FimUnsupported,
@@ -100,6 +100,8 @@ class Request:
     # reloaded with more, up to its trained context, when memory allows
     min_ctx: int | None = None
     infill: Infill | None = None  # a repo-level FIM prompt instead of messages or prompt
+    # the wire's response_format (with params.grammar): what a remote engine is sent
+    response_format: Mapping[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -193,6 +195,7 @@ class Engine:
             settings.cache_dir / "kv" if settings.prompt_cache_disk_mb > 0 else None,
             settings.prompt_cache_disk_mb * 1024 * 1024,
         )
+        self.remotes = remote_route.Remotes(settings)
         self.speculation = Speculation(
             settings, self.store, load_draft=self._load_draft, unload_draft=self._unload_draft
         )
@@ -723,6 +726,13 @@ class Engine:
     def _resolve(self, request: Request) -> ModelRef | None:
         if request.model is None:
             return None
+        if self.remotes.find(request.model) is not None:  # (requests for it never come here)
+            raise InvalidRequest(
+                f"{request.model} is a remote engine's model: loading, tokenizing and "
+                "counting tokens are for models on this machine",
+                param="model",
+                code="unsupported_for_remote",
+            )
         for res in list(self._resident.values()):
             if request.model in (res.ref.name, str(res.ref.path)):
                 return res.ref  # a loaded model, whatever the store would make of its name
@@ -748,30 +758,62 @@ class Engine:
         self._jobs.put(job)
 
     def submit(self, request: Request) -> ChunkStream:
-        """Queue a request; iterate the returned stream from the event loop."""
-        ref = self._resolve(request)
+        """Queue a request; iterate the returned stream from the event loop. A remote
+        engine's model is streamed from it on this loop (engine/remote_route.py)."""
+        request = remote_route.route(self.settings.routes, request)
+        remote = self.remotes.find(request.model)
+        if remote is not None:
+            return remote_route.submit(self, request, *remote)
         cancel = threading.Event()
         stream = ChunkStream(asyncio.get_running_loop(), cancel)
-        self._enqueue(_Job(request, ref, stream._feed, cancel))
+        self.submit_local(request, stream._feed, cancel)
         return stream
+
+    def submit_local(
+        self,
+        request: Request,
+        emit: Callable[[Any], None],
+        cancel: threading.Event | None = None,
+    ) -> None:
+        """Queue a request for a local model; its items go to `emit` on the worker."""
+        ref = self._resolve(request)
+        self._enqueue(_Job(request, ref, emit, cancel or threading.Event()))
+
+    def finished_remote(self, request: Request, model: str, final: Chunk, seconds: float) -> None:
+        """A remote request's end, counted and told to the observers as a local one is."""
+        stats = final.stats
+        assert stats is not None
+        self.totals["requests"] += 1
+        self.totals["prompt_tokens"] += stats.prompt_tokens
+        self.totals["generated_tokens"] += stats.generated_tokens
+        for observe in self.observers:
+            with _logged("a request observer"):
+                observe(request, model, final, seconds)
+
+    def backend_of(self, model: str) -> str:
+        """The backend that answers `model`'s requests: remote, or the loaded model's."""
+        if self.remotes.find(model) is not None:
+            return "remote"
+        for res in list(self._resident.values()):
+            if model == res.ref.name:
+                return res.model.info.backend
+        return "unknown"
 
     def generate(
         self, request: Request, *, cancel: threading.Event | None = None
     ) -> Iterator[Chunk]:
         """Synchronous twin of submit(): yields chunks; raises the request's error."""
+        request = remote_route.route(self.settings.routes, request)
+        remote = self.remotes.find(request.model)
+        if remote is not None:
+            yield from remote_route.generate(self, request, *remote, cancel or threading.Event())
+            return
         ref = self._resolve(request)
         out: queue.Queue[Any] = queue.Queue()
         job = _Job(request, ref, out.put, cancel or threading.Event())
         self._enqueue(job)
         try:
-            while True:
-                item = out.get()
-                if item is END:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                if isinstance(item, Chunk):
-                    yield item
+            yield from chunks_of(out)
         finally:
             job.cancel.set()
 

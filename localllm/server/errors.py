@@ -36,6 +36,16 @@ def local_error_response(exc: LocalLLMError, path: str = "") -> JSONResponse:
     )
 
 
+def stream_error(exc: BaseException, path: str = "") -> dict[str, Any]:
+    """The body of an error that ends a stream after its first frame (the status line is
+    sent by then): the error in the shape of the path's API. A bug is logged here and
+    said in one line."""
+    if isinstance(exc, LocalLLMError):
+        return error_for(path, exc.status, exc.public_message, exc.error_type, exc.param, exc.code)
+    log.error("a stream failed", exc_info=exc)
+    return error_for(path, 500, f"internal error: {exc}", "server_error", None, None)
+
+
 def _describe(err: dict[str, Any]) -> tuple[str, str | None]:
     """One readable sentence for a pydantic error, and the field it is about."""
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]

@@ -67,6 +67,16 @@ class EngineCollector(Collector):
         size.add_metric(["ram"], float(cache.get("ram_bytes", 0)))  # type: ignore[arg-type]
         size.add_metric(["disk"], float(cache.get("disk_bytes", 0)))  # type: ignore[arg-type]
         yield size
+        remotes = engine.remotes.status()
+        if remotes:
+            up = GaugeMetricFamily(
+                "localllm_remote_up",
+                "1 while a remote engine is served, 0 while marked down",
+                labels=["remote"],
+            )
+            for row in remotes:
+                up.add_metric([row["name"]], 1.0 if row["state"] == "up" else 0.0)
+            yield up
 
 
 class Telemetry:
@@ -95,8 +105,8 @@ class Telemetry:
         )
         self.tokens = Counter(
             "localllm_tokens",
-            "Tokens by kind (prompt, cached, completion)",
-            ["model", "kind"],
+            "Tokens by kind (prompt, cached, completion) and the backend that answered",
+            ["model", "backend", "kind"],
             registry=r,
         )
         self.drafts = Counter(
@@ -105,6 +115,7 @@ class Telemetry:
             ["model", "kind"],
             registry=r,
         )
+        self.engine = engine
         r.register(EngineCollector(engine))
         self._pending: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -115,9 +126,10 @@ class Telemetry:
         stats = final.stats
         if stats is None:
             return
-        self.tokens.labels(model, "prompt").inc(stats.prompt_tokens)
-        self.tokens.labels(model, "cached").inc(stats.cached_tokens)
-        self.tokens.labels(model, "completion").inc(stats.generated_tokens)
+        backend = self.engine.backend_of(model)
+        self.tokens.labels(model, backend, "prompt").inc(stats.prompt_tokens)
+        self.tokens.labels(model, backend, "cached").inc(stats.cached_tokens)
+        self.tokens.labels(model, backend, "completion").inc(stats.generated_tokens)
         if stats.generated_tokens:
             self.ttft.labels(model).observe(stats.ttft_s)
         if stats.generated_tokens > 1 and stats.decode_tps > 0:

@@ -346,6 +346,13 @@ class ChatCompletionRequest(SamplingFields):
     def grammar(self) -> str | None:
         return self.response_format.grammar() if self.response_format else None
 
+    def wire_response_format(self) -> dict[str, Any] | None:
+        """response_format as sent, for a remote engine (None: free text)."""
+        rf = self.response_format
+        if rf is None or rf.type == "text":
+            return None
+        return rf.model_dump(by_alias=True, exclude_none=True)
+
     def tool_spec(self) -> ToolSpec | None:
         """The tools and the choice among them; InvalidRequest when they disagree."""
         choice = self.tool_choice
@@ -439,6 +446,8 @@ def now() -> int:
 
 
 def usage(stats: GenerationStats | None, prompt_tokens: int) -> dict:
+    if stats is not None:  # a remote engine's prompt is only counted at its end
+        prompt_tokens = stats.prompt_tokens
     completion_tokens = stats.generated_tokens if stats else 0
     out: dict = {
         "prompt_tokens": prompt_tokens,
@@ -484,6 +493,8 @@ class Shapes:
         self.logprobs = logprobs
         # set when the truncate-oldest policy dropped messages: said in the final bodies
         self.truncated: dict[str, int] | None = None
+        # set when a remote model's local fallback answered: said in the final bodies
+        self.fallback: dict[str, str | None] | None = None
 
     def _body(self, obj: str, choices: list[dict], use: dict | None = None) -> dict:
         body: dict[str, Any] = {
@@ -500,6 +511,8 @@ class Shapes:
     def _said(self, body: dict) -> dict:
         if self.truncated is not None:
             body["truncated"] = self.truncated
+        if self.fallback is not None:
+            body["fallback"] = self.fallback
         return body
 
     def _choice(

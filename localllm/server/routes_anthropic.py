@@ -31,6 +31,7 @@ from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest
 from localllm.server import protocol as wire
+from localllm.server.errors import stream_error
 from localllm.server.routes_openai import _collect, _who, start
 
 router = APIRouter()
@@ -334,6 +335,8 @@ async def _events(
                 {"type": "message_delta", "delta": end, "usage": _usage(final)},
             )
             yield _event("message_stop", {"type": "message_stop"})
+    except Exception as exc:  # after message_start: Anthropic's error event ends it
+        yield _event("error", stream_error(exc, "/v1/messages"))
     finally:
         stream.cancel()
 

@@ -40,6 +40,7 @@ from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
 from localllm.models.gguf import ModelMeta, format_params
 from localllm.server import protocol as wire
+from localllm.server.errors import stream_error
 from localllm.server.model_facts import capabilities, meta_of
 from localllm.server.routes_openai import _collect, _who, start
 
@@ -326,6 +327,8 @@ async def _lines(stream: ChunkStream, reply: _Reply, interval_s: float) -> Async
             if body is not None:
                 yield json.dumps(body, ensure_ascii=False).encode() + b"\n"
                 last = time.monotonic()
+    except Exception as exc:  # after the first line: the error as the last line
+        yield json.dumps(stream_error(exc, "/api/"), ensure_ascii=False).encode() + b"\n"
     finally:
         stream.cancel()
 
@@ -373,13 +376,61 @@ async def tags(request: Request) -> JSONResponse:
     engine: Engine = request.app.state.engine
     refs = await asyncio.to_thread(engine.store.models)
     rows = await asyncio.to_thread(lambda: [_tag(r) for r in refs])
+    for m in await engine.remotes.models():
+        rows.append(
+            {
+                "name": m.name,
+                "model": m.name,
+                "modified_at": _now(),
+                "size": 0,
+                "digest": "",
+                "remote_host": engine.remotes.upstreams[m.remote].remote.url,
+                "details": {
+                    "format": "remote",
+                    "family": "",
+                    "parameter_size": "",
+                    "quantization_level": "",
+                },
+            }
+        )
     return JSONResponse({"models": rows})
+
+
+async def _show_remote(engine: Engine, name: str) -> JSONResponse | None:
+    """/api/show for a remote engine's model: what the engine says of it."""
+    if engine.remotes.find(name) is None:
+        return None
+    known = {m.name: m for m in await engine.remotes.models()}
+    m = known.get(name)
+    info: dict[str, Any] = {"general.architecture": "remote"}
+    if m is not None and m.n_ctx:
+        info["remote.context_length"] = m.n_ctx
+    return JSONResponse(
+        {
+            "license": "",
+            "modelfile": "",
+            "parameters": "",
+            "template": "",
+            "details": {
+                "format": "remote",
+                "family": "",
+                "parameter_size": "",
+                "quantization_level": "",
+            },
+            "model_info": info,
+            "capabilities": ["completion", "tools"],
+            "modified_at": _now(),
+        }
+    )
 
 
 @router.post("/api/show")
 async def show(body: NameBody, request: Request) -> JSONResponse:
     engine: Engine = request.app.state.engine
     settings: Settings = request.app.state.settings
+    remote = await _show_remote(engine, body.which())
+    if remote is not None:
+        return remote
     ref = await asyncio.to_thread(engine.store.resolve, body.which(), paths=False)
     meta = await asyncio.to_thread(meta_of, ref)
     defaults = SamplingParams()

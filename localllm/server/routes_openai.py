@@ -120,6 +120,8 @@ async def _respond(
             "dropped_messages": started.dropped_messages,
             "prompt_tokens_before": started.prompt_tokens_before,
         }
+    if started.fallback_from is not None:
+        shapes.fallback = fallback_field(started)
     if not body.stream:
         text, scores, final = await _collect(stream, request)
         if reader is None:
@@ -160,6 +162,7 @@ async def chat_completions(
         context_policy=policy,
         tools=body.tool_spec(),
         template_vars=body.chat_template_kwargs,
+        response_format=body.wire_response_format(),
         **body.extensions(),
         **_who(request),
     )
@@ -199,7 +202,25 @@ async def list_models(request: Request) -> JSONResponse:
     longer prompt may use when memory allows), `loaded_context_length` (what it is loaded
     with now, or null) and `capabilities`."""
     engine = _engine(request)
-    return JSONResponse(await asyncio.to_thread(_model_rows, engine))
+    body = await asyncio.to_thread(_model_rows, engine)
+    for m in await engine.remotes.models():
+        body["data"].append(
+            {
+                "id": m.name,
+                "object": "model",
+                "created": body["data"][0]["created"] if body["data"] else wire.now(),
+                "owned_by": f"remote:{m.remote}",
+                "context_length": m.n_ctx,
+                "loaded_context_length": m.n_ctx,
+                "capabilities": ["completion", "tools"],
+            }
+        )
+    return JSONResponse(body)
+
+
+def fallback_field(started: Started) -> dict[str, str | None]:
+    """The extension field of an answer the local fallback gave for a remote model."""
+    return {"requested": started.fallback_from, "model": started.model, "reason": started.note}
 
 
 def _model_rows(engine: Engine) -> dict[str, Any]:
@@ -249,6 +270,7 @@ async def health(request: Request) -> JSONResponse:
         "totals": dict(engine.totals),
         "prompt_cache": engine.cache.stats(),
         "models": engine.resident(),
+        "remotes": engine.remotes.status(),
     }
     if engine.dead is not None:
         body["error"] = f"the engine stopped: {engine.dead}; restart localllm"

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 
 from localllm.backends.base import Chunk, TokenLogprob
 from localllm.engine.stream import ChunkStream
+from localllm.server.errors import stream_error
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -47,6 +48,8 @@ async def sse_frames(
             else:
                 for payload in on_final(final, text, scores):
                     yield frame(payload)
-        yield DONE
+    except Exception as exc:  # after the first frame: an error frame, then the end
+        yield frame(stream_error(exc))
     finally:
         stream.cancel()
+    yield DONE

@@ -42,7 +42,7 @@ from localllm.tui.pacing import RedrawPacer
 if TYPE_CHECKING:
     from localllm.server.runner import BackgroundEndpoint
 from localllm.tui.screens.dialogs import ConfirmScreen, FullContextScreen, RenameScreen
-from localllm.tui.screens.model_picker import ModelPicker, describe
+from localllm.tui.screens.model_picker import ModelPicker, describe, remote_row
 from localllm.tui.screens.settings import SettingsScreen
 from localllm.tui.widgets.chat_input import ChatInput
 from localllm.tui.widgets.messages import ChatMessage, speculation_text
@@ -136,6 +136,8 @@ class ChatApp(App[None]):
         engine.observers.append(self.accounting.observe)  # the chat's and its endpoint's
         self.history = history
         self.serve = serve
+        # a remote engine's model the chat talks to (NAME/MODEL); None: the loaded model
+        self.remote_model: str | None = None
         self.live_status = live_status
         self.export_dir = export_dir or Path.cwd()
         self.endpoint: BackgroundEndpoint | None = None  # started after the first paint
@@ -188,6 +190,10 @@ class ChatApp(App[None]):
         if self.live_status:
             self.set_interval(2.0, self.refresh_memory)
             self.refresh_memory()
+        if self.engine.remotes.find(self.settings.model) is not None:
+            self.remote_model = self.settings.model  # answered elsewhere: nothing to load
+            self.status.model, self.status.device = self.settings.model, "remote"
+            return
         self.load_model(self.settings.model, conv.settings.n_ctx, conv.settings.backend)
 
     @work(thread=True, exclusive=True, group="endpoint", exit_on_error=False)
@@ -394,7 +400,13 @@ class ChatApp(App[None]):
         params = SamplingParams().with_overrides(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
         )
-        return Request(params, messages=messages, speculate=s.speculate, client="chat")
+        return Request(
+            params,
+            messages=messages,
+            speculate=s.speculate,
+            client="chat",
+            model=self.remote_model,
+        )
 
     @work(exclusive=True, group="generate", exit_on_error=False)
     async def generate(self) -> None:
@@ -415,7 +427,7 @@ class ChatApp(App[None]):
         """Reload the model when the conversation asks for another context size or backend."""
         want, backend = conv.settings.n_ctx, conv.settings.backend or self.settings.backend
         info = self.engine.model_info
-        if info is None:
+        if info is None or self.remote_model is not None:
             return
         other_ctx = bool(want) and info.n_ctx != want
         other_backend = backend != self.engine.backend_preference
@@ -436,7 +448,15 @@ class ChatApp(App[None]):
             stream = self.engine.submit(self._request(conv))
             self._stream = stream  # Esc works during the prefill too
             try:
-                await stream.started()
+                started = await stream.started()
+                if started.fallback_from is not None:
+                    self.notify(
+                        f"{started.fallback_from} is unavailable ({started.note}); "
+                        f"{started.model} answers instead.",
+                        title="Remote model down",
+                        severity="warning",
+                        timeout=10,
+                    )
                 return stream
             except ContextOverflow as exc:
                 if not asked:
@@ -549,7 +569,8 @@ class ChatApp(App[None]):
             answer.content = text
             self.history.update(mid, text, stats)
             answer.set_stats(stats)
-            if final is not None and final.stats is not None and self.engine.model_info:
+            local = self.remote_model is None
+            if final is not None and final.stats is not None and self.engine.model_info and local:
                 used = final.stats.prompt_tokens + final.stats.generated_tokens
                 self.status.context = f"ctx {used}/{self.engine.model_info.n_ctx}"
                 self.status.speculation = (
@@ -636,7 +657,10 @@ class ChatApp(App[None]):
         refs = self.engine.store.models()
         draft = configured_draft(self.settings, self.engine.store)
         rows = await asyncio.to_thread(lambda: [describe(r, draft=draft) for r in refs])
-        current = self.engine.model_ref.name if self.engine.model_ref else None
+        rows += [remote_row(m) for m in await self.engine.remotes.models()]
+        current = self.remote_model or (
+            self.engine.model_ref.name if self.engine.model_ref else None
+        )
         loaded = frozenset(str(row["model"]) for row in self.engine.resident())
         picker = ModelPicker(
             rows,
@@ -651,6 +675,12 @@ class ChatApp(App[None]):
         if choice is not None and choice.name != current:
             if self.generating:
                 self.action_stop()
+            if choice.format == "remote":  # answered elsewhere: nothing to load here
+                self.remote_model = choice.name
+                self.status.model, self.status.device = choice.name, "remote"
+                self.status.context = ""
+                return
+            self.remote_model = None
             settings = self.conv.settings if self.conv else None
             self.load_model(
                 choice,

@@ -340,7 +340,7 @@ async def test_model_picker_switches_the_loaded_model(make_app, history: History
 
 
 async def test_switching_conversations_while_streaming(make_app, history: History):
-    other = history.create("Other")
+    other = history.create("Other", ConversationSettings(max_tokens=48))  # its answer ends
     history.add(other.id, "user", "An older question")
     history.add(other.id, "assistant", "An older answer")
     streaming = history.create("Streaming", ConversationSettings(temperature=0.0,
@@ -467,3 +467,40 @@ async def test_a_model_load_freezes_no_garbage(make_app, history: History):
             gc.enable()
         gc.collect()
         assert gone() is None
+
+
+async def test_a_remote_model_in_the_chat(tmp_path: Path, store: ModelStore, starter_ref):
+    """The chat on a remote engine's model (llama-cpp-python's server here): it answers
+    with nothing loaded here; the picker lists the remote models, and one whose engine is
+    down is answered by its local fallback, with a note saying so."""
+    from localllm.config import Remote
+    from tests.remote_engines import LlamaCppServer
+
+    engine_server = LlamaCppServer(tmp_path, starter_ref.path, "smol")
+    remotes = (Remote("team", engine_server.base + "/v1"),
+               Remote("gone", f"http://127.0.0.1:{free_port()}/v1", models=("big",),
+                      fallback="starter", connect_timeout_s=1))
+    try:
+        with app_with(tmp_path, store, model="team/smol", remotes=remotes) as (app, history):
+            history.create("t", ConversationSettings(temperature=0.0, max_tokens=8))
+            async with app.run_test(size=(110, 32)) as pilot:
+                await wait_for(pilot, lambda: app.status.model == "team/smol", "the model")
+                assert app.status.device == "remote"
+                await ask(pilot, "Hi")
+                assert answers(app)[0].content and app.engine.model_info is None
+                await pilot.press("f3")
+                await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
+                table = app.screen.query_one(DataTable)
+                names = [table.get_row_at(i)[1] for i in range(table.row_count)]
+                assert names == ["starter", "team/smol", "gone/big"]
+                assert table.get_row_at(1)[2] == "remote"
+                await pilot.press("down", "down", "enter")
+                await wait_for(pilot, lambda: app.status.model == "gone/big", "the switch")
+                await ask(pilot, "Hello?")
+                await wait_for(pilot, lambda: len(app._notifications) > 0, "the note")
+                notes = [n.message for n in app._notifications]
+                assert any("gone/big is unavailable" in n and "starter answers" in n
+                           for n in notes), notes
+                assert answers(app)[1].content
+    finally:
+        engine_server.stop()

@@ -12,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import DataTable, Label
 
 from localllm.backends.base import ModelRef
+from localllm.backends.remote import RemoteModel
 from localllm.errors import LocalLLMError
 from localllm.models import fit
 from localllm.models.gguf import ModelMeta, format_bytes, format_params, read_meta
@@ -49,6 +50,12 @@ def describe(ref: ModelRef, n_ctx: int | None = None, *, draft: ModelRef | None 
         need,
         meta.vocab_fingerprint,
     )
+
+
+def remote_row(model: RemoteModel) -> ModelRow:
+    """A remote engine's model: nothing to load here, so it always fits."""
+    ref = ModelRef(model.name, Path(model.name), "remote", f"remote:{model.remote}")
+    return ModelRow(ref, "?", "remote", str(model.n_ctx or "?"), 0)
 
 
 class ModelPicker(ModalScreen[ModelRef | None]):
@@ -104,7 +111,7 @@ class ModelPicker(ModalScreen[ModelRef | None]):
             row.ref.format,
             row.params,
             row.quant,
-            format_bytes(row.ref.size_bytes),
+            format_bytes(row.ref.size_bytes) if row.ref.size_bytes else "-",
             row.context,
             fits,
             self.drafts(row),

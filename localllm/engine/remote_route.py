@@ -1,0 +1,413 @@
+"""Requests for a remote engine's models, and the rules of `model: "auto"`.
+
+A model named REMOTE/ID (REMOTE registered with `localllm remote add`) is answered by
+that engine: the request is sent as an OpenAI chat or completion request, its stream
+is turned into the engine's chunks as each event arrives (no re-buffering), and the
+final chunk carries the usage the engine reports (counted here when it reports none).
+Routes, the chat and the accounting see the same stream as for a local model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from localllm.backends.base import Chunk, GenerationStats, Message
+from localllm.backends.remote import RemoteModel, Upstream
+from localllm.config import RouteRule, Settings
+from localllm.engine.stream import END, ChunkStream, Started, chunks_of
+from localllm.errors import InvalidRequest, LocalLLMError, RemoteRejected, RemoteUnavailable
+
+if TYPE_CHECKING:
+    from localllm.engine.worker import Engine, Request
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"  # the model name that asks the routing table to choose
+
+
+class Remotes:
+    """The registered engines, by name."""
+
+    def __init__(self, settings: Settings, env: Mapping[str, str] | None = None) -> None:
+        self.upstreams = {r.name: Upstream(r, env) for r in settings.remotes}
+
+    def find(self, model: str | None) -> tuple[Upstream, str] | None:
+        """The engine and its model id for a name REMOTE/ID; None for any other name."""
+        if not model or "/" not in model:
+            return None
+        name, _, model_id = model.partition("/")
+        upstream = self.upstreams.get(name)
+        return (upstream, model_id) if upstream is not None and model_id else None
+
+    async def models(self) -> list[RemoteModel]:
+        """Every remote model, each engine asked at once (a down engine lists its
+        configured models only)."""
+        lists = await asyncio.gather(*(u.models() for u in self.upstreams.values()))
+        return [m for models in lists for m in models]
+
+    def models_sync(self) -> list[RemoteModel]:
+        return asyncio.run(self.models()) if self.upstreams else []
+
+    def status(self) -> list[dict[str, Any]]:
+        return [u.status() for u in self.upstreams.values()]
+
+
+# -- model "auto" -------------------------------------------------------------------------
+def prompt_chars(request: Request) -> int:
+    if request.messages is not None:
+        return sum(len(m.content) for m in request.messages)
+    return len(request.prompt or "") + len(request.suffix or "")
+
+
+def matches(rule: RouteRule, request: Request) -> bool:
+    chars = prompt_chars(request)
+    checks = (
+        rule.min_prompt_chars is None or chars >= rule.min_prompt_chars,
+        rule.max_prompt_chars is None or chars <= rule.max_prompt_chars,
+        rule.tools is None or rule.tools == (request.tools is not None),
+        rule.json_schema is None or rule.json_schema == (request.params.grammar is not None),
+        rule.priority is None or rule.priority == (request.priority or "normal"),
+        rule.client is None or rule.client == request.client,
+    )
+    return all(checks)
+
+
+def route(rules: tuple[RouteRule, ...], request: Request) -> Request:
+    """The request with `model: "auto"` replaced by the first rule's model that matches."""
+    if request.model != AUTO:
+        return request
+    if not rules:
+        raise InvalidRequest(
+            'model "auto" needs routing rules: add [[routes]] tables to the config '
+            "(see the README's Remote engines section)",
+            param="model",
+            code="model_not_found",
+        )
+    for rule in rules:
+        if matches(rule, request):
+            return dataclasses.replace(request, model=rule.model)
+    raise InvalidRequest(
+        f"no routing rule matches this request ({len(rules)} rules; prompt of "
+        f"{prompt_chars(request)} characters, tools {'yes' if request.tools else 'no'}); "
+        "end the table with a rule that has only a model, to catch the rest",
+        param="model",
+    )
+
+
+# -- the wire -----------------------------------------------------------------------------
+def _message(m: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in m.tool_calls
+        ]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None and m.role == "tool":
+        out["name"] = m.name
+    return out
+
+
+def body_of(request: Request, model_id: str) -> tuple[str, dict[str, Any]]:
+    """The path and JSON body of the engine request; InvalidRequest naming what a remote
+    model cannot take."""
+    p = request.params
+    refuse = [
+        ("prompt_tokens", request.prompt_tokens is not None, "token ids are this machine's"),
+        ("infill", request.infill is not None, "/infill is answered by local models"),
+        ("logprobs", p.logprobs is not None, "log probabilities are not passed through"),
+    ]
+    for field, present, why in refuse:
+        if present:
+            raise InvalidRequest(
+                f"{field} cannot be sent to the remote model {request.model}: {why}",
+                param=field,
+                code="unsupported_for_remote",
+            )
+    body: dict[str, Any] = {
+        "model": model_id,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k,  # vLLM, SGLang and llama-server take these as extensions
+        "min_p": p.min_p,
+    }
+    if p.max_tokens is not None:
+        body["max_tokens"] = p.max_tokens
+    if p.stop:
+        body["stop"] = list(p.stop)
+    if p.seed is not None:
+        body["seed"] = p.seed
+    if p.frequency_penalty:
+        body["frequency_penalty"] = p.frequency_penalty
+    if p.presence_penalty:
+        body["presence_penalty"] = p.presence_penalty
+    if p.repeat_penalty != 1.0:
+        body["repetition_penalty"] = p.repeat_penalty
+    if p.logit_bias:
+        body["logit_bias"] = {str(t): b for t, b in p.logit_bias}
+    if p.grammar is not None:
+        if request.response_format is None:
+            raise InvalidRequest(
+                f"this constraint cannot be sent to the remote model {request.model}; "
+                "use response_format",
+                param="format",
+                code="unsupported_for_remote",
+            )
+        body["response_format"] = dict(request.response_format)
+    if request.messages is None:
+        body["prompt"] = request.prompt or ""
+        if request.suffix is not None:
+            body["suffix"] = request.suffix
+        return "/completions", body
+    body["messages"] = [_message(m) for m in request.messages]
+    if request.tools is not None:
+        body["tools"] = list(request.tools.tools)
+        choice = request.tools.choice
+        body["tool_choice"] = (
+            {"type": "function", "function": {"name": choice.name}}
+            if choice.mode == "function"
+            else choice.mode
+        )
+        if not choice.parallel:
+            body["parallel_tool_calls"] = False
+    if request.template_vars:
+        body["chat_template_kwargs"] = dict(request.template_vars)
+    return "/chat/completions", body
+
+
+class _Reply:
+    """What the engine's events add up to: the text, the calls, the usage."""
+
+    def __init__(self) -> None:
+        self.calls: dict[int, dict[str, str]] = {}
+        self.finish: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self.pieces = 0  # content deltas: one token each on vLLM, SGLang and llama-server
+        self.first: float | None = None
+
+    def text_of(self, event: dict[str, Any]) -> str:
+        """The event's new text; calls and usage are noted."""
+        if isinstance(event.get("usage"), dict):
+            self.usage = event["usage"]
+        text = ""
+        for choice in event.get("choices") or []:
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+            delta = choice.get("delta") or {}
+            piece = delta.get("content") if "delta" in choice else choice.get("text")
+            if piece:
+                text += piece
+            for call in delta.get("tool_calls") or []:
+                into = self.calls.setdefault(int(call.get("index", 0)), {"name": "", "args": ""})
+                function = call.get("function") or {}
+                into["name"] += function.get("name") or ""
+                into["args"] += function.get("arguments") or ""
+        if text:
+            self.pieces += 1
+            if self.first is None:
+                self.first = time.monotonic()
+        return text
+
+    def calls_text(self) -> str:
+        """The calls written as Hermes tool calls: the route's reply reader turns them
+        back into OpenAI, Ollama or Anthropic tool calls, as it does a local model's."""
+        out = ""
+        for _, call in sorted(self.calls.items()):
+            try:
+                arguments = json.loads(call["args"] or "{}")
+            except ValueError:
+                arguments = call["args"]
+            payload = json.dumps({"name": call["name"], "arguments": arguments})
+            out += f"<tool_call>\n{payload}\n</tool_call>"
+        return out
+
+
+COUNT_ROUTES = ("/tokenize", "/extras/tokenize/count")
+
+
+async def _prompt_count(up: Upstream, model_id: str, body: dict[str, Any]) -> int:
+    """The prompt's tokens when the engine reports no usage, counted by its own
+    tokenizer: vLLM's and SGLang's /tokenize (the chat template included), else
+    llama-cpp-python's /extras/tokenize/count (the messages' text alone: the template's
+    few tokens are not counted); 0 when the engine has neither. The route that answers
+    is remembered."""
+    if "messages" in body:
+        text = "\n".join(str(m.get("content") or "") for m in body["messages"])
+        asks = [{"model": model_id, "messages": body["messages"]}, {"input": text}]
+    else:
+        asks = [{"model": model_id, "prompt": body["prompt"]}, {"input": body["prompt"]}]
+    for route, ask in zip(COUNT_ROUTES, asks, strict=True):
+        if up.count_route not in (None, route):
+            continue
+        data = await up.post(route, ask)
+        if data is None:
+            continue
+        up.count_route = route
+        count = data.get("count")
+        return int(count) if isinstance(count, int) else len(data.get("tokens") or [])
+    up.count_route = ""
+    return 0
+
+
+async def answer(
+    engine: Engine, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
+) -> None:
+    """Run one request on a remote engine, feeding Started, chunks and END (or the
+    error) to `feed`; the local fallback answers when the engine cannot and has one."""
+    name = request.model or f"{up.name}/{model_id}"
+    begun = time.monotonic()
+    path, body = body_of(request, model_id)
+    reply = _Reply()
+    started = False
+    events = up.stream(path, body)
+    try:
+        async for event in events:
+            text = reply.text_of(event)
+            if not started:
+                fmt = "hermes" if request.tools is not None else None
+                feed(Started(name, 0, tool_format=fmt, backend="remote"))
+                started = True
+            if text:
+                feed(Chunk(text, ()))
+    except RemoteUnavailable as exc:
+        if started or not up.remote.fallback:
+            raise
+        log.warning("%s; the fallback %s answers", exc.message, up.remote.fallback)
+        await _fallback(engine, request, up.remote.fallback, name, exc.reason, feed)
+        return
+    finally:
+        await events.aclose()
+    if reply.finish is None:  # llama-cpp-python, for one, closes a refused stream silently
+        raise RemoteRejected(
+            up.name,
+            502,
+            "it closed the stream without finishing the answer (no finish_reason); "
+            "its log says why",
+        )
+    if not started:
+        feed(Started(name, 0, backend="remote"))
+    usage = reply.usage or {}
+    prompt = usage.get("prompt_tokens")
+    if prompt is None:
+        # counted once the answer is whole, not beside it: llama-cpp-python's server
+        # ends a stream when another request arrives
+        prompt = await _prompt_count(up, model_id, body)
+    generated = usage.get("completion_tokens", reply.pieces)
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    ended = time.monotonic()
+    first = reply.first or ended
+    tps = (generated - 1) / (ended - first) if generated > 1 and ended > first else 0.0
+    stats = GenerationStats(int(prompt), int(cached), int(generated), first - begun, tps)
+    final = Chunk(
+        reply.calls_text(),
+        (),
+        finish_reason="length" if reply.finish == "length" else "stop",
+        stats=stats,
+    )
+    engine.finished_remote(request, name, final, ended - begun)
+    feed(final)
+
+
+async def _fallback(
+    engine: Engine,
+    request: Request,
+    fallback: str,
+    asked: str,
+    reason: str,
+    feed: Callable[[Any], None],
+) -> None:
+    """The request answered by the local fallback model, its Started saying so."""
+    local = dataclasses.replace(request, model=fallback)
+    done = asyncio.get_running_loop().create_future()
+
+    def relay(item: Any) -> None:  # on the worker thread
+        if isinstance(item, Started):
+            item = dataclasses.replace(item, fallback_from=asked, note=reason)
+        if item is END or isinstance(item, BaseException):
+            done.get_loop().call_soon_threadsafe(_settle, done, item)
+            return
+        feed(item)
+
+    engine.submit_local(local, relay)
+    item = await done
+    if isinstance(item, BaseException):
+        raise item
+
+
+def _settle(done: asyncio.Future[Any], item: Any) -> None:
+    if not done.done():
+        done.set_result(item)
+
+
+def submit(engine: Engine, request: Request, up: Upstream, model_id: str) -> ChunkStream:
+    """The remote request as a stream read on this event loop; cancelling the stream
+    cancels the task, which closes the engine's connection."""
+    loop = asyncio.get_running_loop()
+    stream = ChunkStream(loop, threading.Event())
+    task = loop.create_task(_pump(engine, request, up, model_id, stream._feed))
+
+    def cancel() -> None:
+        loop.call_soon_threadsafe(task.cancel)
+
+    stream.on_cancel = cancel
+    return stream
+
+
+async def _pump(
+    engine: Engine, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
+) -> None:
+    try:
+        await answer(engine, request, up, model_id, feed)
+    except asyncio.CancelledError:
+        engine.totals["cancelled"] += 1
+        feed(END)
+        return
+    except LocalLLMError as exc:
+        feed(exc)
+        return
+    except Exception as exc:  # a bug: the client hears it, the server keeps serving
+        log.exception("a remote request failed")
+        feed(LocalLLMError(f"internal error: {exc}"))
+        return
+    feed(END)
+
+
+def generate(
+    engine: Engine, request: Request, up: Upstream, model_id: str, cancel: threading.Event
+) -> Iterator[Chunk]:
+    """Synchronous twin for callers without an event loop (the CLI's `run`)."""
+    import queue
+
+    out: queue.Queue[Any] = queue.Queue()
+    loop = asyncio.new_event_loop()
+    task_box: list[asyncio.Task[None]] = []
+
+    def run() -> None:
+        task = loop.create_task(_pump(engine, request, up, model_id, out.put))
+        task_box.append(task)
+        loop.run_until_complete(task)
+        loop.close()
+
+    thread = threading.Thread(target=run, name="localllm-remote", daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        if task_box:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the task has ended
+                loop.call_soon_threadsafe(task_box[0].cancel)
+
+    try:
+        yield from chunks_of(out, idle=lambda: stop() if cancel.is_set() else None)
+    finally:
+        stop()
