@@ -142,6 +142,12 @@ def build_parser() -> _Parser:
     )
     chat.add_argument("model", nargs="?", help="model name, path to a .gguf, or HF repo")
     chat.add_argument(
+        "--model",
+        dest="model_flag",
+        metavar="MODEL",
+        help="the same, as a flag (localllm --model X)",
+    )
+    chat.add_argument(
         "--ctx",
         type=_positive_int,
         dest="n_ctx",
@@ -374,6 +380,13 @@ def _main(argv: Sequence[str] | None) -> int:
         "deterministic",
         "no_auth",
     )
+    if getattr(args, "model_flag", None):
+        if args.model and args.model != args.model_flag:
+            sys.stderr.write(
+                f"localllm: error: two models named: {args.model} and --model {args.model_flag}\n"
+            )
+            return EXIT_USAGE
+        args.model = args.model_flag
     flags = {k: getattr(args, k, None) for k in keys}
     flags["log_level"] = args.log_level
     try:
@@ -446,7 +459,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     messages = [Message("user", prompt)]
     if args.system:
         messages.insert(0, Message("system", args.system))
-    params = SamplingParams().with_overrides(
+    params = SamplingParams.asked(
         temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens
     )
     engine = Engine(settings)

@@ -41,14 +41,22 @@ def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
                 "readable": False,
             }
         rows.append(
-            (ref.name, ref.format, params, quant, format_bytes(ref.size_bytes), ctx, _origin(ref))
+            (
+                ref.name,
+                ref.format,
+                params,
+                quant,
+                format_bytes(ref.size_bytes),
+                ctx,
+                _origin(ref, settings.models_dir),
+            )
         )
         records.append(
             {
                 "name": ref.name,
                 "format": ref.format,
                 "size_bytes": ref.size_bytes,
-                "source": _origin(ref),
+                "source": _origin(ref, settings.models_dir),
                 "path": str(ref.path),
                 **record,
             }
@@ -85,14 +93,19 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2) + "\n")
 
 
-def _origin(ref: ModelRef) -> str:
-    """The SOURCE column: where a model lives, and for a quantization what it was made from."""
+def _origin(ref: ModelRef, models_dir: Path) -> str:
+    """The SOURCE column: where a model lives, for a quantization what it was made from,
+    for a pull the repository (the name it was pulled by runs too)."""
     from localllm.models.quantize import quantized_from
+    from localllm.models.store import pulled_from
 
     if ref.source != "store":
         return ref.source
     made = quantized_from(ref.path if ref.path.is_dir() else ref.path.parent)
-    return f"store: {made}" if made else ref.source
+    if made:
+        return f"store: {made}"
+    repo = pulled_from(ref, models_dir)
+    return f"pulled: {repo}" if repo else ref.source
 
 
 def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
@@ -100,10 +113,12 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.engine.placement import plan
     from localllm.models.convert import find_import
     from localllm.models.gguf import format_bytes, format_params, read_meta
+    from localllm.models.sampling import recommended
     from localllm.models.store import ModelStore
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
     meta = read_meta(ref.path, ref.format)
+    rec = recommended(ref)
     kv_per_token, kv_type = meta.kv_bytes_per_token, "f16"
     try:
         chosen = plan(ref, settings.backend, settings.models_dir)
@@ -152,6 +167,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
         ("memory", _memory_line(settings, need)),
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
+        ("sampling", _sampling_line(rec)),
     ]
     described = len(fields)  # what follows (imports, provenance, drafts) is text
     if ref.format == "gguf":
@@ -188,6 +204,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
                 "memory_bytes": need.total,
                 "chat_template": bool(meta.chat_template),
                 "fill_in_middle": bool(meta.fim_ids),
+                "sampling": {"recommended": rec.values, "source": rec.source},
                 "backend": backend_line,
                 "device": device or None,
                 **{
@@ -211,6 +228,7 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.backends.base import SamplingParams
     from localllm.backends.chat_template import CHATML
     from localllm.models.gguf import read_meta
+    from localllm.models.sampling import recommended
     from localllm.models.store import ModelStore
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
@@ -227,10 +245,29 @@ def cmd_show(settings: Settings, args: argparse.Namespace) -> int:
     if args.parameters or both:
         if both:
             print("\n# default sampling (a request's fields override each)")
-        for key, value in asdict(SamplingParams()).items():
+        rec = recommended(ref)
+        params = asdict(SamplingParams.asked().with_defaults(rec.values))
+        for key, value in params.items():
+            if key == "given":
+                continue
             shown = "none" if value in (None, ()) else value
-            print(f"{key} {shown}")
+            where = f"  # {rec.source}" if key in rec.values else ""
+            print(f"{key} {shown}{where}")
     return 0
+
+
+def _sampling_line(rec: Any) -> str:
+    """The recommended values and where they came from; the rest are localllm's."""
+    from localllm.backends.base import SamplingParams
+
+    if not rec.values:
+        p = SamplingParams()
+        return (
+            f"localllm's defaults (temperature {p.temperature}, top_p {p.top_p}, "
+            f"top_k {p.top_k}, min_p {p.min_p}): the model recommends none"
+        )
+    said = ", ".join(f"{k} {v:g}" for k, v in rec.values.items())
+    return f"{said} from {rec.source}; the rest localllm's defaults"
 
 
 def _provenance_fields(folder: Path) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ import gguf
 def copy_with_metadata(
     src: Path, dst: Path, extra: dict[str, Any], *, arch: str | None = None
 ) -> Path:
-    """Copy a GGUF, adding or replacing integer/string key-values (weights unchanged);
+    """Copy a GGUF, adding or replacing integer/float/string key-values (weights unchanged);
     `arch` replaces general.architecture."""
     reader = gguf.GGUFReader(src, "r")
     arch = arch or str(reader.fields["general.architecture"].contents())
@@ -26,7 +26,12 @@ def copy_with_metadata(
         if isinstance(value, list):
             writer.add_array(name, value)
             continue
-        vtype = gguf.GGUFValueType.STRING if isinstance(value, str) else gguf.GGUFValueType.UINT32
+        if isinstance(value, str):
+            vtype = gguf.GGUFValueType.STRING
+        elif isinstance(value, float):
+            vtype = gguf.GGUFValueType.FLOAT32
+        else:
+            vtype = gguf.GGUFValueType.UINT32
         writer.add_key_value(name, value, vtype)
     for t in reader.tensors:
         # for quantized types the reader's data shape is in bytes, which the writer expects

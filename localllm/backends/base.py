@@ -60,10 +60,33 @@ class SamplingParams:
     grammar: str | None = None
     # report each token's log probability and this many alternatives (None: none)
     logprobs: int | None = None
+    # the fields the caller set; the others take the model's recommended values (None:
+    # every field is the caller's, as for params built directly)
+    given: frozenset[str] | None = None
+
+    @classmethod
+    def asked(cls, **values: object) -> SamplingParams:
+        """A request's params: the fields it set (a value of None is not set), the rest
+        the defaults above until the model's recommendations replace them."""
+        return cls(given=frozenset()).with_overrides(**values)
 
     def with_overrides(self, **values: object) -> SamplingParams:
-        """A copy with the given fields replaced; a value of None keeps the current one."""
-        return replace(self, **{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]
+        """A copy with the given fields replaced (and counted as the caller's); a value
+        of None keeps the current one."""
+        chosen = {k: v for k, v in values.items() if v is not None}
+        given = None if self.given is None else self.given | frozenset(chosen)
+        return replace(self, **chosen, given=given)  # type: ignore[arg-type]
+
+    def with_defaults(self, recommended: Mapping[str, float]) -> SamplingParams:
+        """A copy where each field the caller did not set takes the recommended value
+        (a model's own: GGUF general.sampling.*, generation_config.json)."""
+        if self.given is None:
+            return self
+        fill = {k: v for k, v in recommended.items() if k not in self.given}
+        if not fill:
+            return self
+        typed = {k: int(v) if k == "top_k" else float(v) for k, v in fill.items()}
+        return replace(self, **typed)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,11 +137,13 @@ def body_of(request: Request, model_id: str) -> tuple[str, dict[str, Any]]:
         "model": model_id,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "temperature": p.temperature,
-        "top_p": p.top_p,
-        "top_k": p.top_k,  # vLLM, SGLang and llama-server take these as extensions
-        "min_p": p.min_p,
     }
+    # the sampling the client set; what it left unset is the engine's own default (vLLM's
+    # is the model's generation_config.json); top_k and min_p are extensions that vLLM,
+    # SGLang and llama-server take
+    for name in ("temperature", "top_p", "top_k", "min_p"):
+        if p.given is None or name in p.given:
+            body[name] = getattr(p, name)
     if p.max_tokens is not None:
         body["max_tokens"] = p.max_tokens
     if p.stop:

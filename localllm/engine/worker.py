@@ -56,6 +56,7 @@ from localllm.errors import (
     ModelTooLarge,
 )
 from localllm.models import fit
+from localllm.models.sampling import Recommended, recommended
 from localllm.models.store import ModelStore, looks_like_path
 
 log = logging.getLogger(__name__)
@@ -150,6 +151,8 @@ class Resident:
     last_used: float = field(default_factory=time.monotonic)
     requests: int = 0
     tokenizing: int = 0  # its requests whose prompts the tokenizer threads are reading
+    # what its makers recommend: a request's unset sampling fields take these
+    sampling: Recommended = field(default_factory=Recommended)
 
     def time_left(self, now: float) -> float | None:
         """Seconds until the keep-alive runs out (negative: it has); None: it never does."""
@@ -242,6 +245,12 @@ class Engine:
     def model_ref(self) -> ModelRef | None:
         """The default model."""
         return self._default.ref if self._default is not None else None
+
+    @property
+    def sampling(self) -> Recommended:
+        """The default model's recommended sampling (what requests that leave a field
+        unset get), and where it was read."""
+        return self._default.sampling if self._default is not None else Recommended()
 
     @property
     def backend_preference(self) -> str:
@@ -532,6 +541,7 @@ class Engine:
         model.info = dataclasses.replace(model.info, id=ref.name, extra=extra)
         key = model_key(target, model, _kv_type(model.info))
         res = Resident(ref, model, self._backend, key, need.total, need.kv, self._keep_alive(None))
+        res.sampling = recommended(ref)
         res.scheduler = self._scheduler(res)
         self._resident[ref.path] = res
         self.totals["loads"] += 1
@@ -929,7 +939,11 @@ class Engine:
                 except _GrowthFailed:
                     res = self._resident[path]  # served at the context it has
             job.ref = res.ref
-            job.request = dataclasses.replace(request, deterministic=self._deterministic(request))
+            job.request = dataclasses.replace(
+                request,
+                deterministic=self._deterministic(request),
+                params=request.params.with_defaults(res.sampling.values),
+            )
             res.requests += 1
             res.scheduler.add(job)  # its place in line is kept while its prompt is read
             if job.prompt is not None:

@@ -45,6 +45,9 @@ class GGUFMeta:
     tensor_shapes: tuple[tuple[int, int], ...] = ()  # (row length, elements), as tensor_types
     data_start: int = 0  # the byte offset where tensor data begins (the header's size)
     data_end: int = 0  # the byte offset where the last tensor's data ends
+    # the sampling its makers recommend, as SamplingParams fields (GGUF general.sampling.*,
+    # an MLX folder's generation_config.json)
+    sampling: tuple[tuple[str, float], ...] = ()
 
     @property
     def truncated(self) -> bool:
@@ -313,6 +316,45 @@ def read_gguf(path: Path) -> GGUFMeta:
         raise DamagedModel(str(path), f"damaged GGUF header ({exc})") from None
 
 
+# GGUF's recommended-sampling keys (llama.cpp reads the same), as SamplingParams fields
+GGUF_SAMPLING = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repeat_penalty",
+}
+# generation_config.json's names for the same
+HF_SAMPLING = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "repeat_penalty",
+}
+
+
+def _sampling(values: dict[str, Any], names: dict[str, str]) -> tuple[tuple[str, float], ...]:
+    """The recommended values that are numbers in range; anything else is left out (a
+    model with an odd recommendation still loads, with localllm's defaults there)."""
+    limits = {
+        "temperature": (0.0, 2.0),
+        "top_p": (0.0, 1.0),
+        "min_p": (0.0, 1.0),
+        "top_k": (0, 1 << 20),
+        "repeat_penalty": (0.0, 10.0),
+    }
+    out = []
+    for key, field in names.items():
+        value = values.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        low, high = limits[field]
+        if low <= value <= high:
+            out.append((field, float(value)))
+    return tuple(out)
+
+
 def _meta(path: Path, fields: dict[str, Any], tensors: list[_Tensor], data_start: int) -> GGUFMeta:
     """The header's description, each value checked for its type and range."""
     arch = _typed(fields, "general.architecture", str, "unknown")
@@ -357,6 +399,7 @@ def _meta(path: Path, fields: dict[str, Any], tensors: list[_Tensor], data_start
         tensor_shapes=tuple((t.row, t.count) for t in tensors),
         data_start=data_start,
         data_end=_data_end(tensors, data_start),
+        sampling=_sampling(fields, GGUF_SAMPLING),
     )
 
 
@@ -435,6 +478,13 @@ def read_mlx_dir(path: Path) -> ModelMeta:
         pass
     if template is None and (path / "chat_template.jinja").is_file():
         template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    sampling: tuple[tuple[str, float], ...] = ()
+    try:
+        generation = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
+        if isinstance(generation, dict) and generation.get("do_sample") is not False:
+            sampling = _sampling(generation, HF_SAMPLING)
+    except (OSError, ValueError):
+        pass
     from localllm.models.convert import imported_quant  # it reads GGUF headers with this module
 
     n_head = int(config.get("num_attention_heads") or 0)
@@ -460,6 +510,7 @@ def read_mlx_dir(path: Path) -> ModelMeta:
         chat_template=template,
         fim_ids=fim_ids_from_tokens(tokens),
         vocab_fingerprint=vocab_fingerprint(tokens),
+        sampling=sampling,
     )
 
 

@@ -282,7 +282,7 @@ class ModelStore:
         for ref in models:
             if ref.source != "store":
                 continue
-            pulled = _pulled_from(ref, self.models_dir)
+            pulled = pulled_from(ref, self.models_dir)
             if pulled is None or pulled.lower() != repo.lower():
                 continue
             if quant and quant.lower() not in ref.path.name.lower():
@@ -309,7 +309,7 @@ class ModelStore:
         return None
 
 
-def _pulled_from(ref: ModelRef, models_dir: Path) -> str | None:
+def pulled_from(ref: ModelRef, models_dir: Path) -> str | None:
     """The hub repository a store model was pulled from (its provenance), if it was."""
     from localllm.models.convert import PROVENANCE
 

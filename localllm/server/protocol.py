@@ -305,7 +305,7 @@ class SamplingFields(_Wire):
 
     def sampling(self) -> SamplingParams:
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
-        return SamplingParams().with_overrides(
+        return SamplingParams.asked(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,

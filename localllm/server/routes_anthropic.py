@@ -175,7 +175,7 @@ class MessagesBody(_Prompt):
     metadata: Metadata | None = None  # the caller's user id: not used
 
     def sampling(self) -> SamplingParams:
-        return SamplingParams().with_overrides(
+        return SamplingParams.asked(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,

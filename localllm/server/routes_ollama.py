@@ -39,6 +39,7 @@ from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
 from localllm.models.gguf import ModelMeta, format_params
+from localllm.models.sampling import recommended
 from localllm.server import protocol as wire
 from localllm.server.errors import stream_error
 from localllm.server.model_facts import capabilities, meta_of
@@ -72,7 +73,7 @@ class Options(wire._Wire):
 
     def sampling(self, grammar_text: str | None) -> SamplingParams:
         limit = self.num_predict if self.num_predict and self.num_predict > 0 else None
-        return SamplingParams().with_overrides(
+        return SamplingParams.asked(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
@@ -433,7 +434,8 @@ async def show(body: NameBody, request: Request) -> JSONResponse:
         return remote
     ref = await asyncio.to_thread(engine.store.resolve, body.which(), paths=False)
     meta = await asyncio.to_thread(meta_of, ref)
-    defaults = SamplingParams()
+    rec = await asyncio.to_thread(recommended, ref)  # the model's own, where it has some
+    defaults = SamplingParams.asked().with_defaults(rec.values)
     parameters = "\n".join(
         f"{key} {value}"
         for key, value in (

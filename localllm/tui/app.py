@@ -397,7 +397,7 @@ class ChatApp(App[None]):
             for m in self.history.messages(conv.id)
             if m.in_context and m.role in ("user", "assistant")
         ]
-        params = SamplingParams().with_overrides(
+        params = SamplingParams.asked(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
         )
         return Request(
@@ -692,7 +692,8 @@ class ChatApp(App[None]):
     async def action_settings(self) -> None:
         if self.conv is None:
             return
-        new = await self.push_screen_wait(SettingsScreen(self.conv.settings))
+        rec = None if self.remote_model is not None else self.engine.sampling
+        new = await self.push_screen_wait(SettingsScreen(self.conv.settings, rec))
         if new is not None:
             self.history.save_settings(self.conv.id, new)
             self.conv = self.history.get(self.conv.id)

@@ -28,6 +28,17 @@ def test_flags_on_the_bare_command_open_the_chat(tmp_path: Path):
     assert bad.returncode == 2 and "--port" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_model_and_ctx_flags_on_the_bare_command(tmp_path: Path):
+    """`localllm --model NAME --ctx 8192` is the chat on that model: a name that is not a
+    model fails before the screen opens, naming it (exit 2); two names are refused."""
+    r = subprocess.run([sys.executable, "-m", "localllm", "--model", "nope", "--ctx", "8192"],
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "'nope' was not found" in r.stderr, r.stderr
+    two = subprocess.run([sys.executable, "-m", "localllm", "chat", "a", "--model", "b"],
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert two.returncode == 2 and "two models named: a and --model b" in two.stderr
+
+
 def test_a_command_on_mlx_exits_cleanly(tmp_path: Path):
     pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
     r = subprocess.run(

@@ -81,8 +81,8 @@ def test_pull_gguf_by_quant_then_run_it(
     provenance = (models_dir() / "tiny-Q4_1" / "localllm.json").read_text()
     assert GGUF_REPO in provenance and hub.repos[GGUF_REPO].commit in provenance
     assert main(["list"]) == 0
-    assert any(
-        line.split()[0] == "tiny-Q4_1" and line.split()[-1] == "store"
+    assert any(  # the SOURCE column names the repository it was pulled from
+        line.split()[0] == "tiny-Q4_1" and line.split()[-2:] == ["pulled:", GGUF_REPO]
         for line in capsys.readouterr().out.splitlines()
     )
     assert main(["info", "tiny-Q4_1"]) == 0

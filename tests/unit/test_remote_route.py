@@ -118,6 +118,10 @@ def test_the_request_an_engine_is_sent():
     assert body["tool_choice"] == {"type": "function", "function": {"name": "f"}}
     assert body["parallel_tool_calls"] is False
     assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    # what a client left unset is the engine's own default (vLLM's: generation_config.json)
+    _, body = body_of(Request(SamplingParams.asked(top_k=5), messages=[Message("user", "q")],
+                              model="t/m"), "m")
+    assert body["top_k"] == 5 and not {"temperature", "top_p", "min_p"} & set(body)
     path, body = body_of(Request(SamplingParams(), prompt="def f(", suffix=")", model="t/m"), "m")
     assert path == "/completions" and body["prompt"] == "def f(" and body["suffix"] == ")"
 

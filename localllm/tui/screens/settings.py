@@ -8,8 +8,10 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
+from localllm.backends.base import SamplingParams
 from localllm.config import SPECULATE_MODES
 from localllm.history import ConversationSettings
+from localllm.models.sampling import Recommended
 
 FIELDS = (
     ("temperature", "Temperature (0 = greedy, up to 2)", float, 0.0, 2.0),
@@ -63,9 +65,12 @@ def parse_field(name: str, text: str) -> float | int | None:
 class SettingsScreen(ModalScreen[ConversationSettings | None]):
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
 
-    def __init__(self, settings: ConversationSettings) -> None:
+    def __init__(
+        self, settings: ConversationSettings, recommended: Recommended | None = None
+    ) -> None:
         super().__init__()
         self.current = settings
+        self.recommended = recommended or Recommended()  # the model's own sampling
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="settings"):
@@ -74,7 +79,7 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
             yield TextArea(self.current.system_prompt, id="system_prompt")
             for name, label, *_ in FIELDS:
                 value = getattr(self.current, name)
-                yield Label(label)
+                yield Label(label + self.blank_means(name))
                 yield Input("" if value is None else str(value), id=name)
             yield Label(f"{BACKEND_LABEL} · {SPECULATE_LABEL}")
             with Horizontal(classes="pair"):
@@ -86,6 +91,15 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
+
+    def blank_means(self, name: str) -> str:
+        """What a blank sampling field gets, and where that value comes from."""
+        rec = self.recommended
+        if name in rec.values:
+            return f" · blank: {rec.values[name]:g} ({rec.source})"
+        if name in ("temperature", "top_p"):
+            return f" · blank: {getattr(SamplingParams(), name):g} (localllm's default)"
+        return ""
 
     def on_mount(self) -> None:
         for widget in self.query("Input, TextArea"):
