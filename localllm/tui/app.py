@@ -14,7 +14,7 @@ import gc
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +27,14 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
-from localllm.backends.base import Chunk, Message, ModelInfo, ModelRef, SamplingParams
+from localllm.backends.base import (
+    Chunk,
+    LoadedModel,
+    Message,
+    ModelInfo,
+    ModelRef,
+    SamplingParams,
+)
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting
 from localllm.engine.speculative import configured_draft
@@ -41,6 +48,7 @@ from localllm.tui.pacing import RedrawPacer
 
 if TYPE_CHECKING:
     from localllm.server.runner import BackgroundEndpoint
+from localllm.tui.attach import Attached, AttachError, attach
 from localllm.tui.screens.dialogs import ConfirmScreen, FullContextScreen, RenameScreen
 from localllm.tui.screens.model_picker import ModelPicker, describe, remote_row
 from localllm.tui.screens.settings import SettingsScreen
@@ -376,9 +384,27 @@ class ChatApp(App[None]):
         if self.generating:
             self.notify("An answer is still streaming: wait for it or press Esc to stop it.")
             return
+        try:
+            attached = attach(event.text, Path.cwd())
+        except AttachError as exc:  # the prompt stays in the box: nothing is lost
+            self.notify(str(exc), title="Not sent", severity="error", timeout=10)
+            return
         self.prompt_box.clear()
         self.prompt_box.remember(event.text)
-        await self.send(event.text)
+        if attached.files:
+            await self._say_attached(attached)
+        await self.send(attached.text)
+
+    async def _say_attached(self, attached: Attached) -> None:
+        """A note of what each @file adds to the prompt, in the model's tokens."""
+        notes = []
+        for name, text in attached.files:
+            if self.remote_model is None and self.engine.model_info is not None:
+                n = await asyncio.to_thread(self.engine.with_model, None, _counter(text))
+                notes.append(f"{name} ({n:,} tokens)")
+            else:
+                notes.append(f"{name} ({len(text):,} characters)")
+        self.notify("Attached " + ", ".join(notes), title="Files")
 
     async def send(self, text: str) -> None:
         assert self.conv is not None
@@ -708,6 +734,15 @@ class ChatApp(App[None]):
                 f"{self.ACTION_HELP[action]} ({keys[action]})",
                 lambda action=action: self.run_action(action),
             )
+
+
+def _counter(text: str) -> Callable[[LoadedModel], int]:
+    """How many tokens `text` is for a model (run on the engine's worker)."""
+
+    def count(model: LoadedModel) -> int:
+        return len(model.tokenize(text))
+
+    return count
 
 
 def _title_from(text: str) -> str:

@@ -504,3 +504,30 @@ async def test_a_remote_model_in_the_chat(tmp_path: Path, store: ModelStore, sta
                 assert answers(app)[1].content
     finally:
         engine_server.stop()
+
+
+async def test_a_file_named_with_at_is_attached(make_app, history: History, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch):
+    """@notes.txt sends the file's text with the prompt and says how many tokens it adds;
+    a binary file is refused in one line and the prompt stays in the box."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("The launch is on Tuesday.\n")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\x00\x00")
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        app.prompt_box.focus()
+        app.prompt_box.load_text("Describe @image.png")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app._notifications) > 0, "the refusal")
+        assert "@image.png: a binary file" in [n.message for n in app._notifications][-1]
+        assert app.prompt_box.text == "Describe @image.png" and not answers(app)
+        await ask(pilot, "When is the launch? @notes.txt")
+        assert app.conv is not None
+        sent = [m.content for m in history.messages(app.conv.id) if m.role == "user"]
+        assert sent == ["When is the launch? @notes.txt\n\nFile notes.txt:\n```\n"
+                        "The launch is on Tuesday.\n```"]
+        notes = [n.message for n in app._notifications]
+        assert any(n.startswith("Attached notes.txt (") and n.endswith(" tokens)")
+                   for n in notes), notes

@@ -1,0 +1,96 @@
+"""`@path/to/file` in a chat prompt: the file's text goes with the prompt.
+
+A word starting with @ that names a file (it has a / or a . in it, or exists) attaches
+that file: its text is appended to the prompt in a fenced block, under its name. A
+missing, binary, unreadable or oversized file refuses the whole prompt with one line,
+so nothing is sent half-attached. Words like @alice (no / or ., no such file) stay text.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+MAX_BYTES = 1024 * 1024  # a larger file is refused: a prompt is not the place for it
+_WORD = re.compile(r"(?<!\S)@(\S+)")
+_TRAILING = ",;:!?)]}'\""  # punctuation after a path in a sentence is not part of it
+
+
+class AttachError(ValueError):
+    """A prompt's @file that cannot be attached; the message is one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attached:
+    text: str  # the prompt with the files' text appended
+    files: tuple[tuple[str, str], ...]  # (the name as written, its text)
+
+
+def attach(prompt: str, cwd: Path) -> Attached:
+    """The prompt with every @file it names attached; AttachError for one that cannot be."""
+    files: list[tuple[str, str]] = []
+    for match in _WORD.finditer(prompt):
+        written = match.group(1).rstrip(_TRAILING)
+        path = (cwd / Path(written).expanduser()).resolve()
+        looks_like_path = "/" in written or "." in written or path.exists()
+        if not written or not looks_like_path or any(w == written for w, _ in files):
+            continue
+        files.append((written, _read(written, path)))
+    if not files:
+        return Attached(prompt, ())
+    blocks = [prompt.rstrip()]
+    for written, text in files:
+        fence = "~~~~" if "```" in text else "```"
+        blocks.append(f"File {written}:\n{fence}{_language(written)}\n{text.rstrip()}\n{fence}")
+    return Attached("\n\n".join(blocks), tuple(files))
+
+
+def _read(written: str, path: Path) -> str:
+    if not path.exists():
+        raise AttachError(f"@{written}: no such file (looked in {path.parent})")
+    if not path.is_file():
+        raise AttachError(f"@{written}: not a file")
+    size = path.stat().st_size
+    if size > MAX_BYTES:
+        raise AttachError(
+            f"@{written}: {size:,} bytes is more than the {MAX_BYTES:,} a prompt attaches"
+        )
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise AttachError(f"@{written}: cannot be read ({exc.strerror})") from None
+    if b"\0" in raw[:8192]:
+        raise AttachError(f"@{written}: a binary file; only text files can be attached")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise AttachError(f"@{written}: not UTF-8 text; only text files can be attached") from None
+
+
+def _language(name: str) -> str:
+    """The fence's language hint from the file's extension (none when unknown)."""
+    suffix = Path(name).suffix.lower().lstrip(".")
+    known = {
+        "py": "python",
+        "js": "javascript",
+        "ts": "typescript",
+        "rs": "rust",
+        "md": "markdown",
+        "sh": "sh",
+        "json": "json",
+        "toml": "toml",
+        "yaml": "yaml",
+        "yml": "yaml",
+        "c": "c",
+        "h": "c",
+        "cpp": "cpp",
+        "go": "go",
+        "java": "java",
+        "rb": "ruby",
+        "html": "html",
+        "css": "css",
+        "sql": "sql",
+        "txt": "",
+    }
+    return known.get(suffix, "")
