@@ -69,6 +69,7 @@ class ConversationSettings:
     n_ctx: int | None = None
     backend: str | None = None  # auto | llamacpp | mlx
     speculate: str | None = None  # off | lookup | draft | auto
+    thinking: bool | None = None  # a thinking model's reasoning on/off; None: its template's
 
     def to_json(self) -> str:
         return json.dumps({k: getattr(self, k) for k in self.__dataclass_fields__})

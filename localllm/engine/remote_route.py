@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from localllm.backends import reasoning
 from localllm.backends.base import Chunk, GenerationStats, Message
 from localllm.backends.remote import RemoteModel, Upstream
 from localllm.config import RouteRule, Settings
@@ -197,6 +198,7 @@ class _Reply:
         self.usage: dict[str, Any] | None = None
         self.pieces = 0  # content deltas: one token each on vLLM, SGLang and llama-server
         self.first: float | None = None
+        self.thinking = False  # inside the engine's reasoning (sent as a think block)
 
     def text_of(self, event: dict[str, Any]) -> str:
         """The event's new text; calls and usage are noted."""
@@ -208,7 +210,16 @@ class _Reply:
                 self.finish = choice["finish_reason"]
             delta = choice.get("delta") or {}
             piece = delta.get("content") if "delta" in choice else choice.get("text")
+            # an engine's reasoning parser (vLLM, SGLang) sends it apart: it travels here
+            # as the think block it was, and the route splits it off again
+            thought = delta.get("reasoning_content") or delta.get("reasoning")
+            if thought:
+                text += ("" if self.thinking else reasoning.OPEN) + thought
+                self.thinking = True
             if piece:
+                if self.thinking:
+                    text += reasoning.CLOSE
+                    self.thinking = False
                 text += piece
             for call in delta.get("tool_calls") or []:
                 into = self.calls.setdefault(int(call.get("index", 0)), {"name": "", "args": ""})
@@ -223,8 +234,9 @@ class _Reply:
 
     def calls_text(self) -> str:
         """The calls written as Hermes tool calls: the route's reply reader turns them
-        back into OpenAI, Ollama or Anthropic tool calls, as it does a local model's."""
-        out = ""
+        back into OpenAI, Ollama or Anthropic tool calls, as it does a local model's
+        (after the reasoning's end, if the reply ended inside it)."""
+        out = reasoning.CLOSE if self.thinking else ""
         for _, call in sorted(self.calls.items()):
             try:
                 arguments = json.loads(call["args"] or "{}")
@@ -278,7 +290,8 @@ async def answer(
             text = reply.text_of(event)
             if not started:
                 fmt = "hermes" if request.tools is not None else None
-                feed(Started(name, 0, tool_format=fmt, backend="remote"))
+                mode = "tags" if request.messages is not None else None
+                feed(Started(name, 0, tool_format=fmt, backend="remote", reasoning=mode))
                 started = True
             if text:
                 feed(Chunk(text, ()))

@@ -24,6 +24,8 @@ class Started:
     prompt_tokens_before: int = 0  # the prompt's length before those were dropped
     tool_format: str | None = None  # how the reply writes tool calls (backends/tools.py)
     backend: str | None = None  # "remote" for a remote engine's model (else not said)
+    # how the reply may carry reasoning (backends/reasoning.py): "open", "tags" or None
+    reasoning: str | None = None
     # a remote that could not answer, when its local fallback does instead, and why
     fallback_from: str | None = None
     note: str | None = None

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from localllm.backends import apple_silicon, tools
+from localllm.backends import apple_silicon, reasoning, tools
 from localllm.backends.base import (
     Chunk,
     LoadedModel,
@@ -1016,7 +1016,13 @@ class Engine:
             request = job.request
             tokens, dropped, before = job.prompt
             check_request(len(tokens), model.info.n_ctx, request.params, model.info.n_vocab)
-            started = Started(res.ref.name, len(tokens), dropped, before, job.tool_format)
+            thinking = None
+            if request.messages is not None:  # a chat: the template may think
+                tail = model.detokenize(tokens[-8:])
+                thinking = reasoning.mode_for(model.info.chat_template, tail)
+            started = Started(
+                res.ref.name, len(tokens), dropped, before, job.tool_format, reasoning=thinking
+            )
             exact = bool(request.deterministic)  # the setting's when the request is silent
             params = request.params
             # a grammar or log probabilities go token by token: no drafts to verify

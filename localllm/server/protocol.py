@@ -523,18 +523,28 @@ class Shapes:
         calls: Sequence[ToolCall],
         *,
         whole: bool,
+        reasoning: str = "",
     ) -> dict:
         raise NotImplementedError
 
     def full(
-        self, text: str, final: Chunk, scores: Scores = (), calls: Sequence[ToolCall] = ()
+        self,
+        text: str,
+        final: Chunk,
+        scores: Scores = (),
+        calls: Sequence[ToolCall] = (),
+        *,
+        reasoning: str = "",
     ) -> dict:
-        choice = self._choice(text, final.finish_reason, scores, calls, whole=True)
+        choice = self._choice(
+            text, final.finish_reason, scores, calls, whole=True, reasoning=reasoning
+        )
         use = usage(final.stats, self.prompt_tokens)
         return self._said(self._body(self.object_full, [choice], use))
 
-    def delta(self, text: str, scores: Scores = ()) -> dict:
-        return self._body(self.object_chunk, [self._choice(text, None, scores, (), whole=False)])
+    def delta(self, text: str, scores: Scores = (), *, reasoning: str = "") -> dict:
+        choice = self._choice(text, None, scores, (), whole=False, reasoning=reasoning)
+        return self._body(self.object_chunk, [choice])
 
     def closing(
         self,
@@ -544,8 +554,11 @@ class Shapes:
         calls: Sequence[ToolCall] = (),
         *,
         include_usage: bool,
+        reasoning: str = "",
     ) -> list[dict]:
-        choice = self._choice(text, final.finish_reason, scores, calls, whole=False)
+        choice = self._choice(
+            text, final.finish_reason, scores, calls, whole=False, reasoning=reasoning
+        )
         out = [self._said(self._body(self.object_chunk, [choice]))]
         if include_usage:
             out.append(self._body(self.object_chunk, [], usage(final.stats, self.prompt_tokens)))
@@ -595,10 +608,13 @@ class ChatShapes(Shapes):
         calls: Sequence[ToolCall],
         *,
         whole: bool,
+        reasoning: str = "",
     ) -> dict:
         reason = "tool_calls" if calls else wire_finish(finish)
         if whole:
             message: dict[str, Any] = {"role": "assistant", "content": text or None}
+            if reasoning:  # extension (vLLM, SGLang, DeepSeek): the think block, apart
+                message["reasoning_content"] = reasoning
             if calls:
                 message["tool_calls"] = [_wire_call(c) for c in calls]
             elif not text:
@@ -610,6 +626,8 @@ class ChatShapes(Shapes):
                 "finish_reason": reason,
             }
         delta: dict[str, Any] = {"content": text} if text or self._first else {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
         if self._first:
             delta["role"] = "assistant"
             self._first = False
@@ -649,6 +667,7 @@ class TextShapes(Shapes):
         calls: Sequence[ToolCall],
         *,
         whole: bool,
+        reasoning: str = "",
     ) -> dict:
         logprobs = self._scores(scores) if (whole or scores) else None
         return {

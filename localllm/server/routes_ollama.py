@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import Field
 
 from localllm import __version__
+from localllm.backends import reasoning
 from localllm.backends.base import (
     Chunk,
     GenerationStats,
@@ -272,21 +273,38 @@ class _Reply:
     """One answer in Ollama's shape, for /api/chat (`message`) or /api/generate
     (`response`)."""
 
-    def __init__(self, model: str, chat: bool, reader: ReplyReader | None, t0: float) -> None:
+    def __init__(
+        self,
+        model: str,
+        chat: bool,
+        reader: ReplyReader | None,
+        t0: float,
+        thinking: str | None = None,
+    ) -> None:
         self.model, self.chat, self.reader, self.t0 = model, chat, reader, t0
+        # a thinking model's think block goes in message.thinking, as Ollama's does
+        self.splitter = reasoning.ReasoningSplitter(thinking) if chat and thinking else None
 
     def piece(self, text: str, *, done: Chunk | None = None) -> dict[str, Any] | None:
         calls: list[ToolCall] = []
+        thought = ""
+        if self.splitter is not None:
+            thought, text = self.splitter.feed(text)
+            if done is not None:
+                more_thought, more_text = self.splitter.close()
+                thought, text = thought + more_thought, text + more_text
         if self.reader is not None:
             text = self.reader.feed(text)
             if done is not None:
                 rest = self.reader.close()
                 text, calls = text + rest.content, rest.calls
-        if done is None and not text:
+        if done is None and not text and not thought:
             return None
         body: dict[str, Any] = {"model": self.model, "created_at": _now()}
         if self.chat:
             message: dict[str, Any] = {"role": "assistant", "content": text}
+            if thought:
+                message["thinking"] = thought.strip() if done is not None else thought
             if calls:
                 message["tool_calls"] = _ollama_calls(calls)
             body["message"] = message
@@ -304,7 +322,7 @@ async def _answer(
 ) -> JSONResponse | StreamingResponse:
     t0 = time.perf_counter()
     stream, started, reader = await start(request, engine_request)
-    reply = _Reply(started.model, chat, reader, t0)
+    reply = _Reply(started.model, chat, reader, t0, started.reasoning)
     if not stream_it:
         text, _, final = await _collect(stream, request)
         body = reply.piece(text, done=final)

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from localllm.backends import reasoning
 from localllm.backends.base import Chunk, TokenLogprob, ToolCall
 from localllm.backends.tools import ReplyReader, ToolFormat
 from localllm.config import Settings
@@ -122,29 +123,44 @@ async def _respond(
         }
     if started.fallback_from is not None:
         shapes.fallback = fallback_field(started)
+    thinking = started.reasoning if kind is wire.ChatShapes else None
     if not body.stream:
         text, scores, final = await _collect(stream, request)
+        thought, text = reasoning.split(text, thinking) if thinking else ("", text)
         if reader is None:
-            return JSONResponse(shapes.full(text, final, scores))
+            return JSONResponse(shapes.full(text, final, scores, reasoning=thought))
         reader.feed(text)
         parsed = reader.close()
-        return JSONResponse(shapes.full(parsed.content, final, scores, parsed.calls))
+        return JSONResponse(
+            shapes.full(parsed.content, final, scores, parsed.calls, reasoning=thought)
+        )
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    splitter = reasoning.ReasoningSplitter(thinking) if thinking else None
 
     def piece(text: str, scores: list[TokenLogprob]) -> dict | None:
+        thought = ""
+        if splitter is not None:
+            thought, text = splitter.feed(text)
         if reader is not None:
             text = reader.feed(text)
-            if not text and not scores:
-                return None
-        return shapes.delta(text, scores)
+        if (reader is not None or splitter is not None) and not (text or thought or scores):
+            return None
+        return shapes.delta(text, scores, reasoning=thought)
 
     def closing(final: Chunk, text: str, scores: list[TokenLogprob]) -> list[dict]:
         calls: list[ToolCall] = []
+        thought = ""
+        if splitter is not None:
+            thought, text = splitter.feed(text)
+            more_thought, more_text = splitter.close()
+            thought, text = thought + more_thought, text + more_text
         if reader is not None:
             text = reader.feed(text)
             rest = reader.close()
             text, calls = text + rest.content, rest.calls
-        return shapes.closing(final, text, scores, calls, include_usage=include_usage)
+        return shapes.closing(
+            final, text, scores, calls, include_usage=include_usage, reasoning=thought
+        )
 
     return _sse(sse_frames(stream, piece, closing, interval_s=_interval(request)))
 

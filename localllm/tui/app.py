@@ -27,6 +27,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static
 from textual.widgets.option_list import Option, OptionDoesNotExist
 
+from localllm.backends import reasoning
 from localllm.backends.base import (
     Chunk,
     LoadedModel,
@@ -48,6 +49,7 @@ from localllm.tui.pacing import RedrawPacer
 
 if TYPE_CHECKING:
     from localllm.server.runner import BackgroundEndpoint
+from localllm.backends.reasoning import ReasoningSplitter, without_reasoning
 from localllm.tui.attach import Attached, AttachError, attach
 from localllm.tui.screens.dialogs import ConfirmScreen, FullContextScreen, RenameScreen
 from localllm.tui.screens.model_picker import ModelPicker, describe, remote_row
@@ -418,8 +420,8 @@ class ChatApp(App[None]):
     def _request(self, conv: Conversation) -> Request:
         s = conv.settings
         messages = [Message("system", s.system_prompt)] if s.system_prompt.strip() else []
-        messages += [
-            Message(m.role, m.content)  # type: ignore[arg-type]
+        messages += [  # an earlier answer's reasoning is not sent again, as templates expect
+            Message(m.role, without_reasoning(m.content) if m.role == "assistant" else m.content)  # type: ignore[arg-type]
             for m in self.history.messages(conv.id)
             if m.in_context and m.role in ("user", "assistant")
         ]
@@ -432,6 +434,7 @@ class ChatApp(App[None]):
             speculate=s.speculate,
             client="chat",
             model=self.remote_model,
+            template_vars=None if s.thinking is None else {"enable_thinking": s.thinking},
         )
 
     @work(exclusive=True, group="generate", exit_on_error=False)
@@ -562,7 +565,9 @@ class ChatApp(App[None]):
         shown = answer.is_attached and self.conv is not None and self.conv.id == conv.id
         pacer = self._pacer
         pacer.start()
-        parts: list[str] = []
+        parts: list[str] = []  # the answer
+        thoughts: list[str] = []  # its reasoning, when the model thinks
+        splitter = ReasoningSplitter(stream.info.reasoning if stream.info else None)
         final: Chunk | None = None
         # the answer is in the history from its start, marked interrupted until it ends,
         # and saved as it grows: a crash or kill -9 keeps what was written, marked
@@ -570,16 +575,29 @@ class ChatApp(App[None]):
         answer.message_id = mid
         saved = time.monotonic()
         try:
-            async for text, last in stream.batches(pacer.wait):
+            async for piece, last in stream.batches(pacer.wait):
                 final = last or final
+                thought, text = splitter.feed(piece)
+                if last is not None:
+                    more_thought, more_text = splitter.close()
+                    thought, text = thought + more_thought, text + more_text
                 parts.append(text)
+                thoughts.append(thought)
                 if time.monotonic() - saved > SAVE_EVERY_S:
-                    self.history.update(mid, "".join(parts), INTERRUPTED)
+                    self.history.update(mid, _stored(thoughts, parts), INTERRUPTED)
                     saved = time.monotonic()
                 if not (shown and answer.is_attached):
                     pacer.drawn(None)  # nothing to draw: the piece was only collected
                     continue
+                if not (thought or text):
+                    pacer.drawn(None)  # a tag held back: nothing new to draw yet
+                    continue
                 cpu = time.thread_time()
+                if thought:
+                    await answer.add_thought(thought)
+                if not text:  # reasoning only: its folded section's title moved on
+                    pacer.drawn(time.thread_time() - cpu)
+                    continue
                 await answer.body.append(text)
                 chat = self.chat
                 if chat.is_vertical_scroll_end or chat.max_scroll_y - chat.scroll_y < 3:
@@ -592,8 +610,8 @@ class ChatApp(App[None]):
             text = "".join(parts)
             if not text and answer.is_attached:  # nothing came: no empty first paragraph
                 await answer.body.remove_children()
-            answer.content = text
-            self.history.update(mid, text, stats)
+            answer.content = _stored(thoughts, parts)
+            self.history.update(mid, answer.content, stats)
             answer.set_stats(stats)
             local = self.remote_model is None
             if final is not None and final.stats is not None and self.engine.model_info and local:
@@ -734,6 +752,15 @@ class ChatApp(App[None]):
                 f"{self.ACTION_HELP[action]} ({keys[action]})",
                 lambda action=action: self.run_action(action),
             )
+
+
+def _stored(thoughts: list[str], parts: list[str]) -> str:
+    """An answer as the history keeps it: its reasoning, if any, as the think block the
+    model wrote (whether or not the prompt opened it), then the answer."""
+    thought, text = "".join(thoughts), "".join(parts)
+    if not thought:
+        return text
+    return f"{reasoning.OPEN}{thought}{reasoning.CLOSE}\n\n{text}"
 
 
 def _counter(text: str) -> Callable[[LoadedModel], int]:

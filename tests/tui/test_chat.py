@@ -523,11 +523,48 @@ async def test_a_file_named_with_at_is_attached(make_app, history: History, tmp_
         await wait_for(pilot, lambda: len(app._notifications) > 0, "the refusal")
         assert "@image.png: a binary file" in [n.message for n in app._notifications][-1]
         assert app.prompt_box.text == "Describe @image.png" and not answers(app)
-        await ask(pilot, "When is the launch? @notes.txt")
+        app.prompt_box.load_text("When is the launch? @notes.txt")
+        await pilot.press("enter")
+
+        def noted() -> list[str]:
+            return [n.message for n in app._notifications if n.message.startswith("Attached")]
+
+        await wait_for(pilot, lambda: bool(noted()), "the note of what was attached")
+        assert noted()[0].startswith("Attached notes.txt (") and noted()[0].endswith(" tokens)")
+        await wait_for(pilot, lambda: len(answers(app)) == 1 and not app.generating,
+                       "the answer")
         assert app.conv is not None
         sent = [m.content for m in history.messages(app.conv.id) if m.role == "user"]
         assert sent == ["When is the launch? @notes.txt\n\nFile notes.txt:\n```\n"
                         "The launch is on Tuesday.\n```"]
-        notes = [n.message for n in app._notifications]
-        assert any(n.startswith("Attached notes.txt (") and n.endswith(" tokens)")
-                   for n in notes), notes
+
+
+async def test_a_thinking_model_s_reasoning_is_folded_and_not_sent_again(
+        tmp_path: Path, store: ModelStore, starter_ref):
+    """The reasoning shows as a folded, dimmed section above the answer; the history keeps
+    it, the next turn's prompt leaves it out; thinking off (F4) asks the template not to."""
+    from textual.widgets import Collapsible
+
+    from tests.server.test_thinking import thinking_model
+
+    path = thinking_model(starter_ref, tmp_path)
+    with app_with(tmp_path, store, model=str(path)) as (app, history):
+        conv = history.create("t", ConversationSettings(temperature=0.0, max_tokens=12))
+        sent: list = []
+        app.engine.observers.append(lambda request, *_: sent.append(request.messages))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await ready(pilot)
+            await ask(pilot, "What is two plus two?")
+            stored = answers(app)[0].content
+            assert stored.startswith("<think>") and "</think>" in stored
+            section = app.chat.query(ChatMessage).last().query_one(".thinking", Collapsible)
+            assert section.collapsed and section.title.startswith("Thinking · ")
+            await ask(pilot, "And three plus three?")
+            earlier = [m.content for m in sent[-1] if m.role == "assistant"]
+            assert earlier and all("<think>" not in c and "</think>" not in c for c in earlier)
+            history.save_settings(conv.id, ConversationSettings(
+                temperature=0.0, max_tokens=12, thinking=False))
+            app.conv = history.get(conv.id)
+            await ask(pilot, "And four plus four?")
+            assert not answers(app)[-1].content.startswith("<think>")
+            assert not app.chat.query(ChatMessage).last().query(".thinking")

@@ -46,6 +46,20 @@ def parse_speculate(text: str) -> str | None:
     return value
 
 
+THINKING_LABEL = "Thinking: on, off (blank: as the model's template decides)"
+
+
+def parse_thinking(text: str) -> bool | None:
+    value = text.strip().lower()
+    if not value:
+        return None
+    if value in ("on", "yes", "true", "1"):
+        return True
+    if value in ("off", "no", "false", "0"):
+        return False
+    raise ValueError(f"Thinking: '{text.strip()}' is not on or off")
+
+
 def parse_field(name: str, text: str) -> float | int | None:
     """A field's value, or ValueError naming the field and the allowed range."""
     spec = next(f for f in FIELDS if f[0] == name)
@@ -87,6 +101,10 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
                 yield Input(
                     self.current.speculate or "", placeholder="speculative decoding", id="speculate"
                 )
+            yield Label(THINKING_LABEL)
+            thinking = self.current.thinking
+            shown = "" if thinking is None else ("on" if thinking else "off")
+            yield Input(shown, placeholder="thinking", id="thinking")
             yield Label("", id="error", classes="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
@@ -116,8 +134,11 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
             }
             values["backend"] = parse_backend(self.query_one("#backend", Input).value)
             values["speculate"] = parse_speculate(self.query_one("#speculate", Input).value)
+            thinking = parse_thinking(self.query_one("#thinking", Input).value)
         except ValueError as exc:
             self.query_one("#error", Label).update(str(exc))
             return
         system = self.query_one("#system_prompt", TextArea).text
-        self.dismiss(ConversationSettings(system_prompt=system, **values))  # type: ignore[arg-type]
+        self.dismiss(
+            ConversationSettings(system_prompt=system, thinking=thinking, **values)  # type: ignore[arg-type]
+        )

@@ -10,8 +10,10 @@ from textual.containers import Vertical
 from textual.content import Content
 from textual.geometry import Region, Size
 from textual.widget import AwaitMount
-from textual.widgets import Markdown, Static
+from textual.widgets import Collapsible, Markdown, Static
 from textual.widgets.markdown import MarkdownBlock
+
+from localllm.backends import reasoning
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -150,6 +152,11 @@ class TurnMarkdown(_OneLayoutPass, Markdown):
         return quiet
 
 
+def _thinking_title(thought: str) -> str:
+    words = len(thought.split())
+    return f"Thinking · {words} word{'s' if words != 1 else ''}"
+
+
 class ChatMessage(_OneLayoutPass, Vertical):
     """A user prompt or an assistant answer."""
 
@@ -169,14 +176,42 @@ class ChatMessage(_OneLayoutPass, Vertical):
         self.message_id = message_id
         self._stats = stats
         self._in_context = in_context
+        self._thought = ""  # an answer's reasoning, when the model thinks
 
     def compose(self) -> ComposeResult:
         label = "You" if self.role == "user" else "Assistant"
         if not self._in_context:
             label += " (dropped from context)"
         yield Static(label, classes="role")
-        yield TurnMarkdown(self.content, classes="body")
+        thought, answer = "", self.content
+        if self.role == "assistant" and reasoning.OPEN in self.content:
+            thought, answer = reasoning.split(self.content)
+        if thought:
+            yield self._thinking(thought)
+        yield TurnMarkdown(answer, classes="body")
         yield Static(stats_line(self._stats), classes="stats")
+
+    def _thinking(self, thought: str) -> Collapsible:
+        """The answer's reasoning: folded and dimmed, Enter or a click opens it; its title
+        counts the words, so a long think shows it is moving while folded."""
+        self._thought = thought
+        return Collapsible(
+            Static(thought, classes="thought", markup=False),
+            title=_thinking_title(thought),
+            collapsed=True,
+            classes="thinking",
+        )
+
+    async def add_thought(self, text: str) -> None:
+        """More of the reasoning while it streams (the section is made on the first)."""
+        self._thought += text
+        found = self.query(".thinking").results(Collapsible)
+        section = next(iter(found), None)
+        if section is None:
+            await self.mount(self._thinking(self._thought), before=self.body)
+            return
+        section.title = _thinking_title(self._thought)
+        section.query_one(".thought", Static).update(self._thought)
 
     @property
     def body(self) -> TurnMarkdown:
