@@ -21,7 +21,7 @@ from localllm.models.store import ModelStore
 
 THREADS = 2
 # MLX on this CPU reads a prompt at about 10 tokens/s: its contract runs in a smaller context
-CONTRACT_CTX = {"llamacpp": 2048, "mlx": 512}
+CONTRACT_CTX = {"llamacpp": 2048, "mlx": 384}
 
 
 @pytest.fixture(autouse=True)

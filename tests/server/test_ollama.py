@@ -69,7 +69,8 @@ def test_discovery_as_copilot_does_it(http: httpx.Client):
     assert "tools" in shown["capabilities"] and "completion" in shown["capabilities"]
     assert "insert" not in shown["capabilities"]  # the starter has no FIM tokens
     assert "<|im_start|>" in shown["template"]
-    assert "temperature 0.8" in shown["parameters"]
+    # the starter's recommended sampling (its model card), then localllm's defaults
+    assert "temperature 0.2" in shown["parameters"] and "top_k 40" in shown["parameters"]
     missing = http.post("/api/show", json={"model": "no-such-model"})
     assert missing.status_code == 404 and "no-such-model" in missing.json()["error"]
 

@@ -104,7 +104,9 @@ def test_show_prints_the_template_and_the_default_sampling(tmp_path: Path):
     assert "<|im_start|>" in template.stdout and "add_generation_prompt" in template.stdout
     params = cli("show", "starter", "--parameters", tmp=tmp_path)
     lines = dict(line.split(" ", 1) for line in params.stdout.splitlines())
-    assert lines["temperature"] == "0.8" and lines["top_k"] == "40"
+    # the starter's model card recommends these two; the rest are localllm's defaults
+    assert lines["temperature"] == "0.2  # SmolLM2's model card" and lines["top_k"] == "40"
+    assert lines["top_p"] == "0.9  # SmolLM2's model card"
     both = cli("show", "starter", tmp=tmp_path).stdout
     assert "# chat template" in both and "# default sampling" in both
 
