@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from benchmarks.common import Server, machine
 from localllm.models.starter import starter_path
@@ -137,9 +138,19 @@ def main() -> None:
                 one(base, m, -1, 4)
             runs: dict[str, list[dict[str, float]]] = {"engine": [], "localllm": []}
             crowd: dict[str, list[float]] = {"engine": [], "localllm": []}
+            # CPU seconds localllm and the engine spend per token sent through localllm
+            cpu = {"localllm": 0.0, "engine": 0.0, "tokens": 0.0}
+            procs = {"localllm": psutil.Process(front.proc.pid),
+                     "engine": psutil.Process(engine.proc.pid)}
             for r in range(args.rounds):
                 for label, base, m in paths if r % 2 == 0 else paths[::-1]:
-                    runs[label].append(one(base, m, r * 2 + len(runs[label]), args.tokens))
+                    before = {k: sum(p.cpu_times()[:2]) for k, p in procs.items()}
+                    row = one(base, m, r * 2 + len(runs[label]), args.tokens)
+                    runs[label].append(row)
+                    if label == "localllm":
+                        for k, p in procs.items():
+                            cpu[k] += sum(p.cpu_times()[:2]) - before[k]
+                        cpu["tokens"] += row["tokens"]
                     if binary:
                         crowd[label].append(many(base, m, r * 2 + len(crowd[label]), args.tokens))
         finally:
@@ -170,6 +181,9 @@ def main() -> None:
         print(f"; 8 streams {ratio:.3f}x")
     else:
         print()
+    per_token = {k: cpu[k] / (cpu["tokens"] or 1.0) * 1000 for k in ("localllm", "engine")}
+    print(f"CPU per token through localllm (one stream): localllm "
+          f"{per_token['localllm']:.2f} ms, engine {per_token['engine']:.2f} ms")
 
 
 if __name__ == "__main__":

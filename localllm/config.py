@@ -292,8 +292,8 @@ def _sources(env: Mapping[str, str], path: Path) -> tuple[Any, Any]:
             return {k: _checked(k, v, str(path)) for k, v in raw.items()}
 
     def toml(settings_cls: Any) -> Any:
-        if path.exists() and not path.is_file():
-            raise ConfigError(f"Cannot read config file {path}: it is not a file")
+        if path.is_dir():  # (/dev/null, the way to say "no config file", reads as empty)
+            raise ConfigError(f"Cannot read config file {path}: it is a folder")
         try:
             return TomlSource(settings_cls, toml_file=path)
         except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:

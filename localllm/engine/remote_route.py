@@ -126,6 +126,10 @@ def body_of(request: Request, model_id: str) -> tuple[str, dict[str, Any]]:
         ("prompt_tokens", request.prompt_tokens is not None, "token ids are this machine's"),
         ("infill", request.infill is not None, "/infill is answered by local models"),
         ("logprobs", p.logprobs is not None, "log probabilities are not passed through"),
+        # localllm's own decoding options: the engine decodes as it is set up to
+        ("speculate", request.speculate is not None, "the engine does its own decoding"),
+        ("draft_model", request.draft_model is not None, "the engine does its own decoding"),
+        ("deterministic", bool(request.deterministic), "the engine schedules its own batches"),
     ]
     for field, present, why in refuse:
         if present:

@@ -126,6 +126,12 @@ def test_every_key_keeps_its_meaning_and_precedence(tmp_path: Path):
         assert type(getattr(from_env, name)) is type(_expected(name, env_text)), name
 
 
+def test_dev_null_is_no_config_file(tmp_path: Path):
+    assert load_settings(env={"LOCALLLM_CONFIG": "/dev/null"}).port == DEFAULT_PORT
+    with pytest.raises(ConfigError, match="it is a folder"):
+        load_settings(env={"LOCALLLM_CONFIG": str(tmp_path)})
+
+
 def test_words_the_environment_may_use(tmp_path: Path):
     env = {"LOCALLLM_CONFIG": str(tmp_path / "none.toml"), "LOCALLLM_N_CTX": "auto",
            "LOCALLLM_PARALLEL": "", "LOCALLLM_ALLOWED_HOSTS": " a.test ,, b.test "}
