@@ -6,6 +6,13 @@
    process, rounds interleaved (which of the two runs first alternates); each round
    uses a new prompt in a new chat.
 3. Resident memory of the app process minus the model file size, after answering.
+4. Screen updates while an answer decodes: every write of the app to its terminal is
+   timestamped (tmux's pipe-pane into this script's `--stamp` reader); writes less than
+   5 ms apart are one update, and updates under 100 bytes (the prompt box's blinking
+   cursor, a status figure) are not counted. Over the decode of each answer (from the
+   first token to the last, placed with the app's own first-token time and decode speed)
+   it reports updates per second and the longest gap between two updates (or between
+   the decode's start or end and the nearest update).
 
     python -m benchmarks.bench_tui [--rounds 5] [--tokens 128] [--speculate off]
 
@@ -16,8 +23,11 @@ otherwise; how many app answers drafted is printed with the results.
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
 import os
 import random
+import shlex
 import shutil
 import sqlite3
 import statistics
@@ -38,6 +48,7 @@ from localllm.models.gguf import format_bytes
 from localllm.models.store import ModelStore
 
 SESSION = "localllm-bench"
+DB = Path()  # the app's history database, set by main
 THREADS = 2
 
 
@@ -69,6 +80,13 @@ def answers(db: Path) -> list[tuple[str, str | None]]:
         ).fetchall()
 
 
+def finished(before: int) -> bool:
+    """Whether a new answer is stored complete (while it streams it is stored marked
+    interrupted)."""
+    rows = answers(DB)
+    return len(rows) > before and "interrupted" not in json.loads(rows[-1][1] or "{}")
+
+
 def bootstrap_interval(values: list[float], draws: int = 4000) -> tuple[float, float]:
     """A 95% interval for the median of `values`: the rounds resampled with replacement
     (seeded, so a rerun on the same numbers prints the same interval)."""
@@ -77,7 +95,48 @@ def bootstrap_interval(values: list[float], draws: int = 4000) -> tuple[float, f
     return medians[int(0.025 * draws)], medians[int(0.975 * draws) - 1]
 
 
+MERGE_S = 0.005  # writes closer than this are one screen update
+MIN_BYTES = 100  # smaller updates are a cursor blink or a status figure, not the answer
+
+
+def stamp(path: str) -> None:
+    """Read the app's terminal output on stdin; write one line per read: time, bytes."""
+    with open(path, "w", buffering=1) as out:
+        while True:
+            data = os.read(0, 1 << 16)
+            if not data:
+                return
+            out.write(f"{time.monotonic():.6f} {len(data)}\n")
+
+
+def screen_updates(path: Path) -> list[tuple[float, int]]:
+    """The timestamped writes merged into updates: (start time, bytes)."""
+    updates: list[tuple[float, int]] = []
+    last = float("-inf")
+    for line in path.read_text().splitlines():
+        t, n = line.split()
+        when, size = float(t), int(n)
+        if updates and when - last < MERGE_S:
+            updates[-1] = (updates[-1][0], updates[-1][1] + size)
+        else:
+            updates.append((when, size))
+        last = when
+    return [u for u in updates if u[1] >= MIN_BYTES]
+
+
+def smoothness(updates: list[tuple[float, int]], start: float, end: float) -> tuple[float, float]:
+    """Updates per second within [start, end], and the longest gap (seconds) between
+    consecutive updates there, the window's edges counted as updates."""
+    inside = [t for t, _ in updates if start <= t <= end]
+    times = [start, *inside, end]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return len(inside) / (end - start), max(gaps)
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--stamp":
+        stamp(sys.argv[2])
+        return
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=128)
@@ -85,10 +144,9 @@ def main() -> None:
     args = ap.parse_args()
     if shutil.which("tmux") is None:
         sys.exit("this benchmark drives the app in tmux: install tmux first")
-    import json
-
     tmp = Path(tempfile.mkdtemp(prefix="localllm-bench-"))
-    db = tmp / "data" / "history.sqlite3"
+    global DB
+    db = DB = tmp / "data" / "history.sqlite3"
     history = History(db)
     history.create(
         "bench",
@@ -106,9 +164,22 @@ def main() -> None:
     subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
     t0 = time.perf_counter()
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40", f"exec {exe}"],
+        # the settings go on the command line: a tmux server that is already running
+        # starts new sessions with its own environment, not this process's
+        [
+            "tmux", "new-session", "-d", "-s", SESSION, "-x", "120", "-y", "40",
+            "exec env " + " ".join(
+                shlex.quote(f"{k}={v}") for k, v in env.items() if k.startswith("LOCALLLM_")
+            ) + f" {shlex.quote(str(exe))}",
+        ],
         check=True,
         env=env,
+    )
+    stamps = tmp / "stamps.txt"
+    repo = Path(__file__).resolve().parent.parent
+    tmux(
+        "pipe-pane", "-O", "-t", SESSION,
+        f"cd {repo} && exec {sys.executable} -m benchmarks.bench_tui --stamp {stamps}",
     )
     try:
         t_input = wait(lambda: "╭" in screen() and "╰" in screen(), "the input box")
@@ -121,6 +192,8 @@ def main() -> None:
         base_tps: list[float] = []
         ui_cpu: list[float] = []  # the app's UI thread, seconds per answer
         tmux_cpu: list[float] = []  # the terminal (tmux server), seconds per answer
+        update_rates: list[float] = []  # screen updates per second during each decode
+        longest_gaps: list[float] = []  # the longest gap between updates, per decode
         app_proc = psutil.Process(pid)
         term_proc = psutil.Process(int(tmux("display", "-p", "#{pid}").strip()))
 
@@ -137,14 +210,26 @@ def main() -> None:
             tmux("send-keys", "-t", SESSION, "C-n")
             time.sleep(0.3)
             tmux("send-keys", "-t", SESSION, "-l", prompt(k))
+            # Enter once the whole prompt is in the box, as a person would press it
+            wait(lambda: prompt(k) in screen(), "the typed prompt", limit_s=10, step=0.05)
             c_ui, c_term = ui_thread_cpu(), term_cpu()
+            entered = time.monotonic()
             tmux("send-keys", "-t", SESSION, "Enter")
             # polled slowly: the speed is the app's own figure, and a busy poll here would
             # take CPU from the app's decode that the peer below does not lose
-            wait(lambda before=before: len(answers(db)) > before, "the answer", step=0.5)
+            wait(lambda before=before: finished(before), "the answer", step=0.5)
             ui_cpu.append(ui_thread_cpu() - c_ui)
             tmux_cpu.append(term_cpu() - c_term)
-            return dict(json.loads(answers(db)[-1][1] or "{}"))
+            stats = dict(json.loads(answers(db)[-1][1] or "{}"))
+            # the decode, placed with the app's own figures (it starts a little later than
+            # this: the app mounts the answer before it submits the request)
+            start = entered + stats["ttft_s"]
+            end = start + stats["generated_tokens"] / stats["decode_tps"]
+            time.sleep(0.2)  # the last writes reach the stamp file
+            rate, gap = smoothness(screen_updates(stamps), start, end)
+            update_rates.append(rate)
+            longest_gaps.append(gap)
+            return stats
 
         def through_stream(k: int) -> GenerationStats:
             tokens = model.render_chat([Message("user", prompt(k))])
@@ -208,6 +293,14 @@ def main() -> None:
     print(
         f"| CPU per answer: app UI thread / tmux (median) | {statistics.median(ui_cpu):.3f} s /"
         f" {statistics.median(tmux_cpu):.3f} s |"
+    )
+    print(
+        f"| screen updates per second while decoding (median; lowest) | "
+        f"{statistics.median(update_rates):.1f}; {min(update_rates):.1f} |"
+    )
+    print(
+        f"| longest gap between screen updates (median of answers; worst) | "
+        f"{statistics.median(longest_gaps) * 1000:.0f} ms; {max(longest_gaps) * 1000:.0f} ms |"
     )
     proposed, accepted = sum(p for p, _ in drafted), sum(a for _, a in drafted)
     print(

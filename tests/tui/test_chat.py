@@ -11,13 +11,14 @@ from pathlib import Path
 import openai
 import pytest
 from textual import events
-from textual.widgets import DataTable, ProgressBar, Select, Static
+from textual.widgets import Button, DataTable, ProgressBar, Select, Static
 
 from localllm.backends import get_backend
 from localllm.history import ConversationSettings, History
 from localllm.models.quantize import quantized_from
 from localllm.models.store import ModelStore
 from localllm.tui.app import ChatApp
+from localllm.tui.live import LiveText
 from localllm.tui.screens.dialogs import FullContextScreen
 from localllm.tui.screens.model_picker import ModelPicker
 from localllm.tui.screens.quantize import QuantizeScreen
@@ -42,7 +43,8 @@ async def test_question_gets_a_streamed_answer(make_app, history: History):
     def watch() -> bool:
         msgs = list(app.chat.query(ChatMessage))
         if msgs and msgs[-1].role == "assistant" and msgs[-1].query(".body"):
-            seen_lengths.add(len(msgs[-1].body.source))
+            live = sum(len(t.text) for t in msgs[-1].query(LiveText).results(LiveText))
+            seen_lengths.add(len(msgs[-1].body.source) + live)  # Markdown and live text
         return len(answers(app)) == 1
 
     async with app.run_test(size=(100, 30)) as pilot:
@@ -61,6 +63,7 @@ async def test_question_gets_a_streamed_answer(make_app, history: History):
         assert "tokens" in str(shown[-1].query_one(".stats").render())
         # text arrived in pieces while it was generated, not all at the end
         assert any(0 < n < len(stored.content) for n in seen_lengths), seen_lengths
+        assert app.pacer.redraws > 1  # the screen was redrawn as the pieces came
         assert app.status.context.startswith("ctx ")
 
 
@@ -403,10 +406,10 @@ async def test_model_picker_starts_a_quantization(make_app, history: History, st
         refusal = str(dialog.query_one("#plan", Static).render())
         assert "already quantized (Q4_1)" in refusal and dialog.result is None
         dialog.query_one("#type", Select).value = "f16"
-        # the refusal above changed the dialog's layout: let it settle, or the click can land
-        # where Start was before (it did, now and then: nothing started)
+        # the refusal above changed the dialog's layout, and a click could land where Start
+        # was before (it did: nothing started); the button is pressed as a click would
         await pilot.pause()
-        await pilot.click("#start")
+        dialog.query_one("#start", Button).press()
         started = time.monotonic()
         try:
             await wait_for(pilot, lambda: dialog.result is not None and not dialog.running,

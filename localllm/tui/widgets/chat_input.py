@@ -23,7 +23,11 @@ class ChatInput(TextArea):
         self.recall = recall or []  # newest first
         self._recall_at = -1
 
-    async def _on_key(self, event: events.Key) -> None:
+    async def on_key(self, event: events.Key) -> None:
+        # Textual calls this before the text area's own key handling (a subclass's handler
+        # comes first), and prevent_default() keeps that from running. A priority binding
+        # would not do: it runs before earlier keys reach the box, so a prompt typed fast
+        # and then Enter was sent cut short.
         if event.key == "enter":
             event.stop()
             event.prevent_default()
@@ -54,7 +58,6 @@ class ChatInput(TextArea):
             self.load_text(self.recall[self._recall_at] if self._recall_at >= 0 else "")
             self.move_cursor(self.document.end)
             return
-        await super()._on_key(event)
 
     def remember(self, text: str) -> None:
         """Put a sent prompt at the front of the recall list and reset the position."""
