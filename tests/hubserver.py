@@ -15,6 +15,7 @@ import json
 import re
 import threading
 import time
+import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -100,6 +101,35 @@ class HubServer:
             self._meta[key] = entry
         return self._meta[key]
 
+    def tags(self, repo: str) -> list[str]:
+        names = set(self.repos[repo].files)
+        tags = ["gguf"] if any(n.endswith(".gguf") for n in names) else []
+        if "config.json" in names and any(n.endswith(".safetensors") for n in names):
+            tags.append("mlx")
+        return tags
+
+    def _search(self, h: BaseHTTPRequestHandler, query: dict[str, list[str]], body: bool) -> None:
+        words = (query.get("search") or [""])[0].lower()
+        wanted = set(query.get("filter") or [])
+        limit = int((query.get("limit") or ["1000"])[0])
+        found = [
+            {"id": name, "modelId": name, "downloads": len(name), "likes": 0,
+             "tags": self.tags(name)}
+            for name in sorted(self.repos)
+            if words in name.lower() and wanted <= set(self.tags(name))
+        ][:limit]
+        self._json(h, found, body)
+
+    @staticmethod
+    def _json(h: BaseHTTPRequestHandler, value: object, body: bool) -> None:
+        payload = json.dumps(value).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(payload)))
+        h.end_headers()
+        if body:
+            h.wfile.write(payload)
+
     # -- requests ---------------------------------------------------------------------
     def _error(self, h: BaseHTTPRequestHandler, status: int, code: str, body: bool) -> None:
         payload = json.dumps({"error": code}).encode()
@@ -112,8 +142,11 @@ class HubServer:
             h.wfile.write(payload)
 
     def _handle(self, h: BaseHTTPRequestHandler, *, body: bool) -> None:
-        path = h.path.split("?", 1)[0]
+        path, _, query = h.path.partition("?")
         self.log.append((h.command, path, h.headers.get("Range") or ""))
+        if path == "/api/models":  # the model search: ?search=&filter=TAG&limit=N
+            self._search(h, urllib.parse.parse_qs(query), body)
+            return
         api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
         resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         name = (api or resolve).group(1) if (api or resolve) else ""
@@ -126,13 +159,7 @@ class HubServer:
             return
         if api:
             siblings = [self.sibling(name, p) for p in sorted(repo.files)]
-            payload = json.dumps({"id": name, "sha": repo.commit, "siblings": siblings}).encode()
-            h.send_response(200)
-            h.send_header("Content-Type", "application/json")
-            h.send_header("Content-Length", str(len(payload)))
-            h.end_headers()
-            if body:
-                h.wfile.write(payload)
+            self._json(h, {"id": name, "sha": repo.commit, "siblings": siblings}, body)
             return
         assert resolve is not None
         file = resolve.group(3)

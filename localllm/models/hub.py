@@ -222,6 +222,72 @@ def plan_pull(spec: str, *, name: str | None = None, revision: str | None = None
     return PullPlan(repo, commit, kind, tuple(chosen), store_name, endpoint(), others)
 
 
+# -- finding models -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HubModel:
+    repo: str
+    kind: Literal["gguf", "mlx"]
+    downloads: int
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    spec: str  # what `localllm pull` takes: org/repo:QUANT, or org/repo for MLX
+    label: str  # the quantization (or "MLX")
+    size: int  # bytes to download
+
+
+def search(query: str, *, limit: int = 20) -> list[HubModel]:
+    """Model repositories on the hub that match `query` and hold GGUF files or an MLX
+    model, most downloaded first (huggingface_hub's model listing, filtered by tag)."""
+    from huggingface_hub import HfApi
+
+    where = endpoint()
+    api = HfApi(endpoint=where, token=_token())
+    found: list[HubModel] = []
+    try:
+        _connect(where)  # offline: say so at once (huggingface_hub retries for ~20 s)
+        for kind in ("gguf", "mlx"):
+            for info in api.list_models(search=query, filter=kind, sort="downloads", limit=limit):
+                found.append(HubModel(info.id, kind, int(info.downloads or 0)))
+    except Exception as exc:
+        raise _failure(query, exc, where) from None
+    found.sort(key=lambda m: -m.downloads)
+    return found[:limit]
+
+
+def _connect(url: str, timeout: float = 3.0) -> None:
+    """Open and close a TCP connection to the hub (OSError when it cannot be reached)."""
+    import socket
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    with socket.create_connection((parts.hostname or "", port), timeout=timeout):
+        pass
+
+
+def choices(repo: str) -> list[Choice]:
+    """What can be pulled from `repo`: each GGUF model (its shards together) with its
+    size, or the whole MLX repository."""
+    _commit, files = list_repo(repo)
+    groups: dict[str, int] = {}
+    for f in files:
+        if f.path.lower().endswith(".gguf"):
+            group = _group(f.path)
+            groups[group] = groups.get(group, 0) + (f.size or 0)
+    if groups:
+        picked = [
+            Choice(f"{repo}:{label}" if len(groups) > 1 else repo, label, size)
+            for label, size in ((_label(g), n) for g, n in groups.items())
+        ]
+        return sorted(picked, key=lambda c: c.size)
+    _kind, chosen = choose(repo, files, "")  # an MLX repository, or a clear refusal
+    return [Choice(repo, "MLX", sum(f.size or 0 for f in chosen))]
+
+
 # -- will it fit -------------------------------------------------------------------------
 
 

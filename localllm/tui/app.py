@@ -47,6 +47,7 @@ from localllm.hardware import available_memory, process_memory
 from localllm.history import Conversation, History
 from localllm.models.gguf import format_bytes
 from localllm.tui.pacing import RedrawPacer
+from localllm.tui.screens.hub_search import HubSearch
 
 if TYPE_CHECKING:
     from localllm.server.runner import BackgroundEndpoint
@@ -274,6 +275,50 @@ class ChatApp(App[None]):
             gc.freeze()
 
         self.call_from_thread(done)
+
+    @work(thread=True, group="pull")
+    def pull_in_background(self, spec: str) -> None:
+        """Pull a model from the hub (F3, S) while the chat goes on; the status line, and
+        the search dialog while it is open, show the progress."""
+        from localllm.models import hub
+
+        done: dict[str, int] = {}
+        shown = [0.0]
+
+        def progress(file: str, nbytes: int, _size: int | None) -> None:
+            done[file] = nbytes
+            if time.monotonic() - shown[0] >= 0.25:  # a few updates a second is plenty
+                shown[0] = time.monotonic()
+                self.call_from_thread(self._pull_progress, spec, sum(done.values()), total)
+
+        total: int | None = None
+        try:
+            plan = hub.plan_pull(spec)
+            total = plan.total or None
+            self.call_from_thread(self._pull_progress, spec, 0, total)
+            hub.pull(plan, self.engine.store.models_dir, progress=progress)
+        except LocalLLMError as exc:
+            self.call_from_thread(self._pull_done, spec, f"Could not pull {spec}: {exc.message}")
+            return
+        self.call_from_thread(
+            self._pull_done, spec, f"Pulled {spec}: F3 lists it; `{spec}` names it everywhere"
+        )
+
+    def _pull_progress(self, spec: str, nbytes: int, total: int | None) -> None:
+        share = f" {nbytes / total:.0%}" if total else ""
+        self.status.pulling = f"pulling {spec}{share} ({format_bytes(nbytes)})"
+        for screen in self.screen_stack:
+            if isinstance(screen, HubSearch):
+                screen.pull_progress(spec, nbytes, total)
+
+    def _pull_done(self, spec: str, message: str) -> None:
+        self.status.pulling = ""
+        failed = message.startswith("Could not")
+        self.notify(message, title="Pull", severity="error" if failed else "information",
+                    timeout=15)
+        for screen in self.screen_stack:
+            if isinstance(screen, HubSearch):
+                screen.pull_finished(spec, message)
 
     def _load_failed(self, message: str) -> None:
         self.status.state = "model not loaded"

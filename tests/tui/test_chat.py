@@ -571,3 +571,85 @@ async def test_a_thinking_model_s_reasoning_is_folded_and_not_sent_again(
             await ask(pilot, "And four plus four?")
             assert not answers(app)[-1].content.startswith("<think>")
             assert not app.chat.query(ChatMessage).last().query(".thinking")
+
+
+async def test_find_and_pull_a_model_from_the_hub(make_app, history: History, store: ModelStore,
+                                                  starter_ref, monkeypatch: pytest.MonkeyPatch):
+    """F3, S: search the hub (the loopback stand-in, through huggingface_hub), list what a
+    repository offers with sizes and fit, pull one in the background while the chat
+    answers a question, and the pulled name then resolves."""
+    from textual.widgets import Input
+
+    from localllm.tui.screens.hub_search import HubSearch
+    from tests.hubserver import HubServer
+
+    history.create("t", GREEDY)
+    with HubServer() as hub:
+        hub.add("test-org/tiny-GGUF", {"tiny-Q4_1.gguf": starter_ref.path,
+                                       "tiny-Q8_0.gguf": starter_ref.path})
+        hub.stall_after["tiny-Q4_1.gguf"] = 20_000_000  # held mid-way until released
+        monkeypatch.setenv("HF_ENDPOINT", hub.url)
+        app = make_app()
+        async with app.run_test(size=(120, 44)) as pilot:
+            await ready(pilot)
+            await pilot.press("f3")
+            await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
+            await pilot.press("s")
+            await wait_for(pilot, lambda: isinstance(app.screen, HubSearch), "the search")
+            dialog = app.screen
+            assert isinstance(dialog, HubSearch)
+            dialog.query_one("#query", Input).value = "tiny"
+            await pilot.press("enter")
+            table = dialog.query_one("#hub-results", DataTable)
+            await wait_for(pilot, lambda: table.row_count == 1, "the search results")
+            assert table.get_row_at(0)[:2] == ["test-org/tiny-GGUF", "GGUF"]
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: dialog.repo is not None and table.row_count == 2,
+                           "the quantizations")
+            rows = [table.get_row_at(i) for i in range(2)]
+            assert [r[0] for r in rows] == ["test-org/tiny-GGUF:tiny-Q4_1",
+                                            "test-org/tiny-GGUF:tiny-Q8_0"]
+            assert rows[0][2] == "93.8 MiB"
+            assert rows[0][3] == "yes" or rows[0][3].startswith("no (needs ")
+            await pilot.press("enter")  # pull the first
+            bar = dialog.query_one("#pull-bar", ProgressBar)
+            await wait_for(pilot, lambda: (bar.progress or 0) >= 20_000_000, "the pull to start")
+            assert "pulling test-org/tiny-GGUF:tiny-Q4_1" in app.status.pulling
+            await pilot.press("escape")  # the dialogs close; the pull goes on
+            await pilot.press("escape")
+            await ask(pilot, "Hi")  # the chat answers while the pull waits mid-way
+            assert answers(app)[-1].content and app.status.pulling
+            hub.stall_after.clear()
+            hub.stop_stalling.set()
+            await wait_for(pilot, lambda: not app.status.pulling, "the pull to finish")
+            ref = store.resolve("test-org/tiny-GGUF:tiny-Q4_1")
+            assert ref.name == "tiny-Q4_1" and ref.size_bytes == starter_ref.size_bytes
+
+
+async def test_the_hub_search_offline_says_so_in_one_line(make_app, history: History,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    import socket
+
+    from textual.widgets import Input, Label
+
+    from localllm.tui.screens.hub_search import HubSearch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(120, 44)) as pilot:
+        await ready(pilot)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, HubSearch), "the search")
+        dialog = app.screen
+        dialog.query_one("#query", Input).value = "qwen"
+        await pilot.press("enter")
+        status = dialog.query_one("#hub-status", Label)
+        await wait_for(pilot, lambda: "no network?" in str(status.render()), "the refusal")
+        text = str(status.render())
+        assert "cannot reach" in text and "\n" not in text

@@ -274,3 +274,30 @@ def test_split_gguf_pulls_all_shards() -> None:
     files = [hubmod.RemoteFile(n, 1, None, None) for n in names]
     kind, chosen = hubmod.choose("o/r", files, "Q4_K_M")
     assert kind == "gguf" and [f.path for f in chosen] == names[:2]
+
+
+def test_search_and_choices_through_huggingface_hub(hub: HubServer, starter_ref: ModelRef) -> None:
+    """The in-app search: repositories with GGUF files that match, then what each offers
+    (the listing and sizes come from the hub stand-in through huggingface_hub)."""
+    found = hubmod.search("tiny")
+    assert [(m.repo, m.kind) for m in found] == [(GGUF_REPO, "gguf")]
+    assert hubmod.search("no-such-model") == []
+    offered = hubmod.choices(GGUF_REPO)
+    assert [(c.spec, c.label, c.size) for c in offered] == [
+        (f"{GGUF_REPO}:tiny-Q4_1", "tiny-Q4_1", starter_ref.size_bytes),
+        (f"{GGUF_REPO}:tiny-Q8_0", "tiny-Q8_0", starter_ref.size_bytes),
+    ]
+    assert hubmod.plan_pull(offered[1].spec).files[0].path == "tiny-Q8_0.gguf"  # it pulls
+
+
+def test_search_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once closed
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    with pytest.raises(hubmod.DownloadFailed) as err:
+        hubmod.search("tiny")
+    message = err.value.message
+    assert "cannot reach" in message and "no network?" in message and "\n" not in message

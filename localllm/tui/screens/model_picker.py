@@ -64,6 +64,7 @@ class ModelPicker(ModalScreen[ModelRef | None]):
     BINDINGS = [
         Binding("escape", "dismiss(None)", "Close"),
         Binding("q", "quantize", "Quantize"),
+        Binding("s", "search", "Search the hub"),
     ]
 
     def __init__(
@@ -87,7 +88,11 @@ class ModelPicker(ModalScreen[ModelRef | None]):
     def compose(self) -> ComposeResult:
         free = f" · {format_bytes(self.free_bytes)} memory free" if self.show_free else ""
         with Vertical(classes="dialog wide", id="model-picker"):
-            keys = "Enter loads, Q quantizes, Esc closes" if self.models_dir else "Enter loads"
+            keys = (
+                "Enter loads, Q quantizes, S searches the hub, Esc closes"
+                if self.models_dir
+                else "Enter loads"
+            )
             yield Label(f"Models{free} · {keys}")
             yield DataTable(id="models", cursor_type="row", zebra_stripes=True)
 
@@ -145,6 +150,14 @@ class ModelPicker(ModalScreen[ModelRef | None]):
                 table.move_cursor(row=table.row_count - 1)
 
         self.app.push_screen(QuantizeScreen(source, self.models_dir), made)
+
+    def action_search(self) -> None:
+        """Find and pull a model from the Hugging Face hub (it joins the list once pulled:
+        F3 again)."""
+        from localllm.tui.screens.hub_search import HubSearch
+
+        if self.models_dir is not None:
+            self.app.push_screen(HubSearch(self.free_bytes))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         name = event.row_key.value

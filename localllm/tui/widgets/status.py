@@ -15,6 +15,7 @@ class StatusBar(Static):
     state: reactive[str] = reactive("")
     speculation: reactive[str] = reactive("")  # the last answer's drafts and speed-up
     activity: reactive[str] = reactive("")  # requests running and waiting, prefill progress
+    pulling: reactive[str] = reactive("")  # a model being pulled from the hub
 
     def render(self) -> str:
         fields = (
@@ -25,6 +26,7 @@ class StatusBar(Static):
             self.context,
             self.speculation,
             self.activity,
+            self.pulling,
             self.memory,
         )
         parts = [p for p in fields if p]
