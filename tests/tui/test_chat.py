@@ -580,12 +580,15 @@ async def test_find_and_pull_a_model_from_the_hub(make_app, history: History, st
     answers a question, and the pulled name then resolves."""
     from textual.widgets import Input
 
+    from localllm.models import hub as hubmod
+    from localllm.models.gguf import format_bytes
     from localllm.tui.screens.hub_search import HubSearch
     from tests.hubserver import HubServer
 
+    GGUF_SPEC = "test-org/tiny-GGUF"
     history.create("t", GREEDY)
     with HubServer() as hub:
-        hub.add("test-org/tiny-GGUF", {"tiny-Q4_1.gguf": starter_ref.path,
+        hub.add(GGUF_SPEC, {"tiny-Q4_1.gguf": starter_ref.path,
                                        "tiny-Q8_0.gguf": starter_ref.path})
         hub.stall_after["tiny-Q4_1.gguf"] = 20_000_000  # held mid-way until released
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
@@ -603,14 +606,23 @@ async def test_find_and_pull_a_model_from_the_hub(make_app, history: History, st
             table = dialog.query_one("#hub-results", DataTable)
             await wait_for(pilot, lambda: table.row_count == 1, "the search results")
             assert table.get_row_at(0)[:2] == ["test-org/tiny-GGUF", "GGUF"]
+            # the estimate of `localllm pull` (the header read from the hub: KV, buffers);
+            # free memory set between the two quantizations' needs (the same size here:
+            # so just under it, and neither fits)
+            expected = hubmod.estimate_remote(hubmod.plan_pull(f"{GGUF_SPEC}:tiny-Q4_1")).total
+            dialog.free_bytes = expected - 1
             await pilot.press("enter")
             await wait_for(pilot, lambda: dialog.repo is not None and table.row_count == 2,
                            "the quantizations")
+            await wait_for(pilot, lambda: table.get_row_at(1)[3] != "checking…", "the fit")
             rows = [table.get_row_at(i) for i in range(2)]
             assert [r[0] for r in rows] == ["test-org/tiny-GGUF:tiny-Q4_1",
                                             "test-org/tiny-GGUF:tiny-Q8_0"]
             assert rows[0][2] == "93.8 MiB"
-            assert rows[0][3] == "yes" or rows[0][3].startswith("no (needs ")
+            assert rows[0][3] == rows[1][3] == f"no (needs {format_bytes(expected)})"
+            dialog.free_bytes = expected
+            dialog.estimate(dialog.offered)
+            await wait_for(pilot, lambda: table.get_row_at(0)[3] == "yes", "a fit")
             await pilot.press("enter")  # pull the first
             bar = dialog.query_one("#pull-bar", ProgressBar)
             await wait_for(pilot, lambda: (bar.progress or 0) >= 20_000_000, "the pull to start")

@@ -90,14 +90,37 @@ class HubSearch(ModalScreen[None]):
         table = self.query_one(DataTable)
         table.clear(columns=True)
         self.repo, self.offered = repo, offered
-        table.add_columns("pull", "quantization", "size", "fits")
+        self.fits_column = table.add_columns("pull", "quantization", "size", "fits")[3]
         for choice in offered:
-            need = fit.from_meta(choice.label, None, choice.size, None).total
-            fits = "yes" if need <= self.free_bytes else f"no (needs {format_bytes(need)})"
-            table.add_row(choice.spec, choice.label, format_bytes(choice.size), fits,
+            table.add_row(choice.spec, choice.label, format_bytes(choice.size), "checking…",
                           key=choice.spec)
         self.say(f"{repo}: Enter pulls the highlighted one · {format_bytes(self.free_bytes)} free")
         table.focus()
+        self.estimate(offered)
+
+    @work(thread=True, exclusive=True, group="estimate")
+    def estimate(self, offered: list[hub.Choice]) -> None:
+        """Whether each fits, by `localllm pull`'s estimate: the smallest one's header is
+        read from the hub (its first megabytes) for the KV cache and buffers at the
+        model's context, which all its quantizations share; the weights are each file."""
+        try:
+            probe = hub.estimate_remote(hub.plan_pull(offered[0].spec))
+            extra = probe.kv + probe.buffers
+        except LocalLLMError:  # the header could not be had: the weights alone
+            extra = fit.from_meta("", None, 0, None).total
+        fits = {}
+        for choice in offered:
+            need = choice.size + extra
+            fits[choice.spec] = (
+                "yes" if need <= self.free_bytes else f"no (needs {format_bytes(need)})"
+            )
+        self.app.call_from_thread(self.show_fits, fits)
+
+    def show_fits(self, fits: dict[str, str]) -> None:
+        table = self.query_one(DataTable)
+        for spec, text in fits.items():
+            if spec in table.rows:
+                table.update_cell(spec, self.fits_column, text)
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         key = str(event.row_key.value)
