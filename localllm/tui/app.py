@@ -314,8 +314,9 @@ class ChatApp(App[None]):
     def _pull_done(self, spec: str, message: str) -> None:
         self.status.pulling = ""
         failed = message.startswith("Could not")
-        self.notify(message, title="Pull", severity="error" if failed else "information",
-                    timeout=15)
+        self.notify(
+            message, title="Pull", severity="error" if failed else "information", timeout=15
+        )
         for screen in self.screen_stack:
             if isinstance(screen, HubSearch):
                 screen.pull_finished(spec, message)

@@ -44,11 +44,16 @@ def open_block(text: str) -> tuple[int, bool]:
         complete = line.endswith(("\n", "\r"))
         match = _FENCE.match(line)
         if fence:
-            if complete and match and match.group(1)[0] == fence[0] and \
-                    len(match.group(1)) >= len(fence) and not line[match.end():].strip():
+            if (
+                complete
+                and match
+                and match.group(1)[0] == fence[0]
+                and len(match.group(1)) >= len(fence)
+                and not line[match.end() :].strip()
+            ):
                 fence = ""
                 start = end  # the code block is finished, fence line and all
-        elif match and complete and (match.group(1)[0] == "~" or "`" not in line[match.end():]):
+        elif match and complete and (match.group(1)[0] == "~" or "`" not in line[match.end() :]):
             fence = match.group(1)
             start = pos  # a code block opens here
         elif complete and not line.strip():
@@ -144,8 +149,9 @@ class LiveText(Widget):
     def render_line(self, y: int) -> Strip:
         strip = self._strips.get(y)
         if strip is None:
-            segments = self._rows[y].render_segments(self.visual_style) if y < len(
-                self._rows) else []
+            segments = (
+                self._rows[y].render_segments(self.visual_style) if y < len(self._rows) else []
+            )
             strip = Strip(segments).extend_cell_length(max(self._width(), 0), self.rich_style)
             self._strips[y] = strip
         return strip

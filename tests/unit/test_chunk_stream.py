@@ -6,8 +6,6 @@ import asyncio
 import threading
 import time
 
-import pytest
-
 from localllm.backends.base import Chunk
 from localllm.engine.stream import END, ChunkStream, Started
 
@@ -44,37 +42,3 @@ async def test_text_before_an_end_without_a_final_chunk_is_not_lost() -> None:
     stream._feed(END)
     pieces = [text async for text, _ in stream.batches(lambda: 30.0)]
     assert "".join(pieces) == "xyz"
-
-
-def test_the_redraw_pacer_remembers_what_a_redraw_costs_across_answers() -> None:
-    from localllm.tui.pacing import RedrawPacer
-
-    pacer = RedrawPacer(budget=0.02, min_interval=0.1, max_interval=0.75)
-    pacer.start()
-    assert pacer.wait() == 0.0  # an answer's first piece is drawn at once
-    pacer.drawn(0.01)  # a redraw that cost the UI thread 10 ms
-    assert pacer.interval == pytest.approx(0.5)  # 10 ms is 2% of 0.5 s
-    assert pacer.wait() > 0.4
-    pacer.drawn(0.1)
-    assert pacer.interval == 0.75  # at most
-    pacer.start()  # the next answer
-    assert pacer.wait() == 0.0
-    pacer.drawn(None)  # a piece taken while nothing is shown: the spacing holds
-    assert pacer.interval == 0.75 and pacer.wait() > 0.5  # not back to every 0.1 s
-
-
-def test_the_redraw_pacer_plans_for_its_dear_redraws_not_an_average() -> None:
-    """A cheap redraw (a repaint) after a dear one (a layout) must not halve the spacing:
-    the next redraw may be a dear one again; cheap ones bring it down step by step."""
-    from localllm.tui.pacing import RedrawPacer
-
-    pacer = RedrawPacer(budget=0.01, min_interval=0.1, max_interval=10.0)
-    pacer.drawn(0.02)
-    assert pacer.interval == pytest.approx(2.0)
-    pacer.drawn(0.002)
-    assert pacer.interval == pytest.approx(0.75 * 2.0 + 0.25 * 0.2)
-    pacer.drawn(0.04)  # a dearer one raises it at once
-    assert pacer.interval == pytest.approx(4.0)
-    for _ in range(20):
-        pacer.drawn(0.0005)
-    assert pacer.interval == 0.1  # cheap redraws, every 0.1 s

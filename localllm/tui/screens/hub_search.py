@@ -92,8 +92,9 @@ class HubSearch(ModalScreen[None]):
         self.repo, self.offered = repo, offered
         self.fits_column = table.add_columns("pull", "quantization", "size", "fits")[3]
         for choice in offered:
-            table.add_row(choice.spec, choice.label, format_bytes(choice.size), "checking…",
-                          key=choice.spec)
+            table.add_row(
+                choice.spec, choice.label, format_bytes(choice.size), "checking…", key=choice.spec
+            )
         self.say(f"{repo}: Enter pulls the highlighted one · {format_bytes(self.free_bytes)} free")
         table.focus()
         self.estimate(offered)

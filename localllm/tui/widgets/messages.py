@@ -92,11 +92,12 @@ class ChatMessage(Vertical):
         """The answer's reasoning: folded and dimmed, Enter or a click opens it; its title
         counts the words, so a long think shows it is moving while folded."""
         self._thought = thought
-        text = LiveText(classes="thought") if live else Static(
-            thought, classes="thought", markup=False)
-        return Collapsible(
-            text, title=_thinking_title(thought), collapsed=True, classes="thinking"
+        text = (
+            LiveText(classes="thought")
+            if live
+            else Static(thought, classes="thought", markup=False)
         )
+        return Collapsible(text, title=_thinking_title(thought), collapsed=True, classes="thinking")
 
     async def start_answer(self) -> None:
         """Get ready to stream an answer into this turn: its live text is mounted (and laid
@@ -111,7 +112,7 @@ class ChatMessage(Vertical):
         and around code blocks (the live text shows one as code, alone). True when the
         turn's height changed (the chat may need scrolling)."""
         self._answer_text += text
-        pending = self._answer_text[self._answer_done:]
+        pending = self._answer_text[self._answer_done :]
         start, code = open_block(pending)
         live = self.live
         layouts = live.layouts
@@ -140,7 +141,7 @@ class ChatMessage(Vertical):
 
     async def end_answer(self) -> None:
         """The answer is complete (or stopped): all of it becomes Markdown."""
-        rest = self._answer_text[self._answer_done:]
+        rest = self._answer_text[self._answer_done :]
         if rest:
             await self.body.append(rest)
             self._answer_done = len(self._answer_text)
