@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test lint bench install
+.PHONY: run test test-fast lint bench install
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "localllm needs Python 3.10 or newer"'
@@ -23,9 +23,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check localllm tests benchmarks
 	$(BIN)/ruff format --check localllm
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# the tests about control flow: no model, no process (under a minute here)
+test-fast: $(STAMP)
+	LOCALLLM_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not model and not process and not mlx"
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_decode

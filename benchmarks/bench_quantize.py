@@ -29,11 +29,11 @@ from pathlib import Path
 
 from benchmarks.common import machine
 from localllm.backends.base import ModelRef
+from localllm.engine.evaluate import heldout_text, load_for_eval, perplexity
 from localllm.models import quantize as q
-from localllm.models.evaluate import heldout_text, load_for_eval, perplexity
-from localllm.models.gguf import format_bytes
 from localllm.models.starter import starter_path
 from localllm.models.store import dir_size
+from localllm.units import format_bytes
 
 THREADS = 2
 
@@ -113,7 +113,7 @@ def _ref(folder: Path, name: str) -> ModelRef:
 
 
 def quality(made: dict[str, ModelRef], models: Path, mlx_tokens: int) -> None:
-    from localllm.models.evaluate import decode_speed
+    from localllm.engine.evaluate import decode_speed
 
     text = heldout_text()
     print(

@@ -44,8 +44,8 @@ from benchmarks.common import free_port, machine
 from localllm.backends.base import GenerationStats, LoadOptions, Message, SamplingParams
 from localllm.backends.llamacpp import LlamaCppBackend
 from localllm.history import ConversationSettings, History
-from localllm.models.gguf import format_bytes
 from localllm.models.store import ModelStore
+from localllm.units import format_bytes
 
 SESSION = "localllm-bench"
 DB = Path()  # the app's history database, set by main

@@ -17,8 +17,9 @@ from localllm.models import fit
 
 
 def cmd_list(settings: Settings, args: argparse.Namespace) -> int:
-    from localllm.models.gguf import format_bytes, format_params, read_meta
+    from localllm.models.gguf import read_meta
     from localllm.models.store import ModelStore
+    from localllm.units import format_bytes, format_params
 
     rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE")]
     records: list[dict[str, Any]] = []
@@ -112,9 +113,10 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.backends.base import default_n_ctx
     from localllm.engine.placement import plan
     from localllm.models.convert import find_import
-    from localllm.models.gguf import format_bytes, format_params, read_meta
+    from localllm.models.gguf import read_meta
     from localllm.models.sampling import recommended
     from localllm.models.store import ModelStore
+    from localllm.units import format_bytes, format_params
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
     meta = read_meta(ref.path, ref.format)
@@ -272,7 +274,7 @@ def _sampling_line(rec: Any) -> str:
 
 def _provenance_fields(folder: Path) -> list[tuple[str, str]]:
     """Where a store model came from: an import, a pull or a quantization."""
-    from localllm.models.convert import read_provenance
+    from localllm.provenance import read_provenance
 
     prov = read_provenance(folder) or {}
     source = prov.get("source") or {}
@@ -305,8 +307,8 @@ def _provenance_fields(folder: Path) -> list[tuple[str, str]]:
 
 def _drafts_line(settings: Settings, ref: ModelRef) -> str:
     """Local models that can draft for this one (speculative decoding, --draft)."""
-    from localllm.models.gguf import format_bytes
     from localllm.models.store import ModelStore, compatible_drafts
+    from localllm.units import format_bytes
 
     drafts = compatible_drafts(ref, ModelStore.from_settings(settings).models())
     if not drafts:
@@ -336,7 +338,7 @@ def _memory_line(settings: Settings, need: fit.Estimate) -> str:
 def _cache_capacity(settings: Settings, kv_per_token: int) -> str:
     """How much conversation the prompt cache's RAM budget holds for this model."""
     from localllm.engine.prompt_cache import default_ram_budget
-    from localllm.models.gguf import format_bytes
+    from localllm.units import format_bytes
 
     ram = settings.prompt_cache_ram_mb
     budget = ram * 1024 * 1024 if ram is not None else default_ram_budget()
@@ -359,8 +361,8 @@ def cmd_rm(settings: Settings, args: argparse.Namespace) -> int:
     import shutil
     import tempfile
 
-    from localllm.models.gguf import format_bytes
     from localllm.models.store import ModelStore
+    from localllm.units import format_bytes
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
     if ref.source != "store":
@@ -423,7 +425,7 @@ def _admin_failed(status: int, body: dict[str, Any]) -> int:
 
 
 def cmd_load(settings: Settings, args: argparse.Namespace) -> int:
-    from localllm.models.gguf import format_bytes
+    from localllm.units import format_bytes
 
     body: dict[str, Any] = {"model": args.model, "n_ctx": settings.n_ctx}
     if args.ttl is not None:
@@ -458,7 +460,7 @@ def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
-    from localllm.models.gguf import format_bytes
+    from localllm.units import format_bytes
 
     url = settings.base_url().removesuffix("/v1") + "/health"
     try:
@@ -504,8 +506,8 @@ def cmd_ps(settings: Settings, _args: argparse.Namespace) -> int:
 
 def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models.convert import find_import, import_gguf
-    from localllm.models.gguf import format_bytes
     from localllm.models.store import ModelStore, dir_size
+    from localllm.units import format_bytes
 
     ref = ModelStore.from_settings(settings).resolve(args.model)
     if ref.format != "gguf":
@@ -527,7 +529,7 @@ def cmd_convert(settings: Settings, args: argparse.Namespace) -> int:
 
 def cmd_pull(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models import hub
-    from localllm.models.gguf import format_bytes
+    from localllm.units import format_bytes
 
     plan = hub.plan_pull(args.repo, name=args.name, revision=args.revision)
     files = len(plan.files)
@@ -608,7 +610,7 @@ def _print_activity(activity: dict[str, Any]) -> None:
 
 def _print_loaded(models: list[dict[str, Any]]) -> None:
     """The loaded models as a table, like `docker ps`."""
-    from localllm.models.gguf import format_bytes
+    from localllm.units import format_bytes
 
     if not models:
         print("No model is loaded.\n")

@@ -12,8 +12,8 @@ from localllm.config import Settings
 
 def cmd_quantize(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models import quantize as q
-    from localllm.models.gguf import format_bytes
     from localllm.models.store import ModelStore
+    from localllm.units import format_bytes
 
     source = ModelStore.from_settings(settings).resolve(args.model)
     plan = q.plan_quantize(
@@ -70,7 +70,7 @@ def print_report(rows: list[dict[str, Any]]) -> None:
 
 
 def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
-    from localllm.models.evaluate import load_for_eval, perplexity, read_text
+    from localllm.engine.evaluate import load_for_eval, perplexity, read_text
     from localllm.models.quantize import HELDOUT_LABEL
     from localllm.models.store import ModelStore
 

@@ -20,6 +20,53 @@ from localllm.models.starter import starter_path
 from localllm.models.store import ModelStore
 
 THREADS = 2
+
+# -- test tiers ----------------------------------------------------------------------------
+# `model`: the test reads or loads the real starter model; `process`: it starts a process
+# (a server, the CLI, tmux, a child); `mlx`: it runs the MLX backend. A test gets them
+# from the fixtures it uses, or from `pytestmark` in its module. `make test-fast` runs the
+# others with LOCALLLM_TEST_TIER=fast, where loading a model or starting a process fails
+# the test: no test sits in the fast tier by mistake.
+MODEL_FIXTURES = frozenset({
+    "starter_ref", "starter_mlx_ref", "loaded", "store", "engine", "make_app", "shared",
+    "two_models", "twin_store", "pair", "draft", "cold", "truncating", "engines",
+})
+PROCESS_FIXTURES = frozenset({
+    "server", "small_server", "api_server", "fim_server", "hermes_server", "mlx_server",
+    "thinker", "guarded", "other_tools", "hub",
+})
+FAST = os.environ.get("LOCALLLM_TEST_TIER") == "fast"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & PROCESS_FIXTURES:
+            item.add_marker(pytest.mark.process)
+        if names & MODEL_FIXTURES:
+            item.add_marker(pytest.mark.model)
+        if "starter_mlx_ref" in names or "mlx" in item.nodeid.lower():
+            item.add_marker(pytest.mark.mlx)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tier_guard(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In the fast tier, starting a process or loading a model is an error naming the fix."""
+    if not FAST:
+        return
+
+    def refuse(what: str, marker: str):  # type: ignore[no-untyped-def]
+        def refused(*_args: object, **_kwargs: object) -> None:
+            raise RuntimeError(f"the fast tier cannot {what}: mark the test `{marker}`")
+
+        return refused
+
+    from localllm.backends.llamacpp import LlamaCppBackend
+    from localllm.backends.mlx import MlxBackend
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse("start a process", "process"))
+    for backend in (LlamaCppBackend, MlxBackend):
+        monkeypatch.setattr(backend, "load", refuse("load a model", "model"))
 # MLX on this CPU reads a prompt at about 10 tokens/s: its contract runs in a smaller context
 CONTRACT_CTX = {"llamacpp": 2048, "mlx": 384}
 

@@ -39,6 +39,8 @@ from localllm.backends.base import (
     SamplingParams,
     SeqWork,
     default_n_ctx,
+    fim_ids_from_tokens,
+    vocab_fingerprint,
 )
 from localllm.backends.common import (
     DraftCounts,
@@ -55,8 +57,7 @@ from localllm.backends.common import (
     reusable_prefix,
 )
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
-from localllm.models.convert import imported_quant, read_provenance
-from localllm.models.gguf import fim_ids_from_tokens, vocab_fingerprint
+from localllm.provenance import imported_quant, read_provenance
 
 log = logging.getLogger(__name__)
 

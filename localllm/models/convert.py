@@ -27,8 +27,8 @@ from typing import Any
 from localllm.backends.base import ModelRef
 from localllm.errors import BackendUnavailable, ImportFailed
 from localllm.models.gguf import GGUFMeta, read_gguf
+from localllm.provenance import PROVENANCE, read_provenance
 
-PROVENANCE = "localllm.json"
 IMPORTER_VERSION = 1
 SUPPORTED_ARCHS = ("llama",)
 NATIVE_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0")  # what mx.load keeps as is
@@ -74,23 +74,6 @@ def source_identity(path: Path) -> dict[str, Any]:
     """What identifies the GGUF an import came from: its path, size and change time."""
     st = path.stat()
     return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-
-
-def read_provenance(folder: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads((folder / PROVENANCE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def imported_quant(folder: Path) -> str | None:
-    """The GGUF quant an MLX import kept as is (its weights are the GGUF's), else None."""
-    prov = read_provenance(folder) or {}
-    if prov.get("importer_version") is None:
-        return None  # not an import: a quantization or a pull has its own weights
-    quant = (prov.get("source") or {}).get("quant")
-    return str(quant) if quant else None
 
 
 def find_import(models_dir: Path, gguf_path: Path) -> Path | None:

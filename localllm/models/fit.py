@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from localllm.backends.base import ModelRef, default_n_ctx
 from localllm.errors import DamagedModel, LocalLLMError, ModelTooLarge
 from localllm.hardware import available_memory, gpu_free_memory
-from localllm.models.gguf import ModelMeta, format_bytes, read_meta
+from localllm.models.gguf import ModelMeta, read_meta
+from localllm.units import format_bytes
 
 _MIB = 1024 * 1024
 BUFFER_BASE = 64 * _MIB

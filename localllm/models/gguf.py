@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import mmap
@@ -11,17 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from localllm.backends.base import fim_ids_from_tokens, vocab_fingerprint
 from localllm.errors import DamagedModel, ModelLoadError
 
 log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
-_FIM_NAMES = (
-    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
-    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
-    ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"),
-    ("<PRE>", "<SUF>", "<MID>"),
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,20 +279,6 @@ def _fim_ids(fields: dict[str, Any], tokens: list[str]) -> tuple[int, int, int] 
     return fim_ids_from_tokens(tokens)
 
 
-def fim_ids_from_tokens(tokens: list[str]) -> tuple[int, int, int] | None:
-    """Fill-in-the-middle token ids found by their usual names in a vocabulary."""
-    index = {t: i for i, t in enumerate(tokens)}
-    for names in _FIM_NAMES:
-        if all(n in index for n in names):
-            return (index[names[0]], index[names[1]], index[names[2]])
-    return None
-
-
-def vocab_fingerprint(tokens: list[str]) -> str:
-    """Identifies a vocabulary: two models with the same one can share drafts and caches."""
-    return hashlib.sha256("\x00".join(tokens).encode("utf-8")).hexdigest()[:16]
-
-
 def read_gguf(path: Path) -> GGUFMeta:
     """Parse the header of a GGUF file; raise ModelLoadError when it is not a valid GGUF."""
     path = Path(path)
@@ -403,25 +383,6 @@ def _meta(path: Path, fields: dict[str, Any], tensors: list[_Tensor], data_start
     )
 
 
-def format_params(n: int) -> str:
-    """135_000_000 -> '135M'."""
-    for unit, size in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if n >= size:
-            value = n / size
-            return f"{value:.1f}{unit}" if value < 10 else f"{value:.0f}{unit}"
-    return str(n)
-
-
-def format_bytes(n: int) -> str:
-    """Bytes in binary units, one decimal: 98.4 MiB."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
 ModelMeta = GGUFMeta  # the same description for MLX folders (see read_mlx_dir)
 
 
@@ -485,7 +446,7 @@ def read_mlx_dir(path: Path) -> ModelMeta:
             sampling = _sampling(generation, HF_SAMPLING)
     except (OSError, ValueError):
         pass
-    from localllm.models.convert import imported_quant  # it reads GGUF headers with this module
+    from localllm.provenance import imported_quant  # it reads GGUF headers with this module
 
     n_head = int(config.get("num_attention_heads") or 0)
     hidden = int(config.get("hidden_size") or 0)

@@ -35,8 +35,9 @@ from typing import Any, BinaryIO, Literal
 
 from localllm.errors import DownloadFailed, LocalLLMError
 from localllm.models import fit
-from localllm.models.convert import PROVENANCE, read_provenance
-from localllm.models.gguf import format_bytes, read_meta
+from localllm.models.gguf import read_meta
+from localllm.provenance import PROVENANCE, read_provenance
+from localllm.units import format_bytes
 
 log = logging.getLogger(__name__)
 

@@ -26,8 +26,9 @@ from typing import Any
 
 from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError, QuantizeFailed
-from localllm.models.convert import PROVENANCE, read_provenance
-from localllm.models.gguf import format_bytes, read_gguf
+from localllm.models.gguf import read_gguf
+from localllm.provenance import PROVENANCE, read_provenance
+from localllm.units import format_bytes
 
 # llama.cpp's file types (llama_ftype)
 GGUF_TYPES = {"f16": 1, "q4_0": 2, "q4_1": 3, "q8_0": 7, "q4_k_m": 15, "q5_k_m": 17}
@@ -288,14 +289,14 @@ def run_child(
     what: str,
     cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
-    """Run a job in `python -m localllm.models.quantize_child`; its final event, or raise.
+    """Run a job in `python -m localllm.engine.quantize_child`; its final event, or raise.
 
     Events arrive as JSON lines on the child's stdout; its stderr (native logs) is kept
     in a temporary file and its last lines explain a failure.
     """
     with tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "localllm.models.quantize_child", json.dumps(job)],
+            [sys.executable, "-m", "localllm.engine.quantize_child", json.dumps(job)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=err,

@@ -42,8 +42,8 @@ def recommended(ref: ModelRef) -> Recommended:
 
 def _is_starter(ref: ModelRef) -> bool:
     """The bundled starter, or its MLX import."""
-    from localllm.models.convert import read_provenance
     from localllm.models.starter import starter_path
+    from localllm.provenance import read_provenance
 
     starter = starter_path()
     if starter is None:

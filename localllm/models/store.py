@@ -311,7 +311,7 @@ class ModelStore:
 
 def pulled_from(ref: ModelRef, models_dir: Path) -> str | None:
     """The hub repository a store model was pulled from (its provenance), if it was."""
-    from localllm.models.convert import PROVENANCE
+    from localllm.provenance import PROVENANCE
 
     folder = ref.path if ref.path.is_dir() else ref.path.parent
     if folder == models_dir:

@@ -39,12 +39,13 @@ from localllm.engine.stream import ChunkStream
 from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
-from localllm.models.gguf import ModelMeta, format_params
+from localllm.models.gguf import ModelMeta
 from localllm.models.sampling import recommended
 from localllm.server import protocol as wire
 from localllm.server.errors import stream_error
 from localllm.server.model_facts import capabilities, meta_of
 from localllm.server.routes_openai import _collect, _who, start
+from localllm.units import format_params
 
 router = APIRouter()
 

@@ -45,9 +45,9 @@ from localllm.engine.worker import Engine, Request
 from localllm.errors import ContextOverflow, LocalLLMError
 from localllm.hardware import available_memory, process_memory
 from localllm.history import Conversation, History
-from localllm.models.gguf import format_bytes
 from localllm.tui.pacing import RedrawPacer
 from localllm.tui.screens.hub_search import HubSearch
+from localllm.units import format_bytes
 
 if TYPE_CHECKING:
     from localllm.server.runner import BackgroundEndpoint

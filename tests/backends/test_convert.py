@@ -134,6 +134,7 @@ def test_interrupted_import_leaves_nothing(starter_ref: ModelRef, tmp_path: Path
     assert store_entries(models) == []
 
 
+@pytest.mark.process
 def test_a_killed_conversion_leaves_nothing_behind(tmp_path: Path):
     """kill -9 while `localllm convert` writes: the next conversion removes the staging
     folder and the store only ever holds a complete import."""

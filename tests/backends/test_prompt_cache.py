@@ -144,6 +144,7 @@ def test_a_corrupt_disk_entry_is_dropped_and_the_answer_is_cold(
         again.close()
 
 
+@pytest.mark.model
 def test_another_context_size_does_not_reuse_a_state(tmp_path: Path):
     first = make(tmp_path, prompt_cache_disk_mb=256)
     ask(first, conversation("forests", 1))
@@ -159,6 +160,7 @@ def test_another_context_size_does_not_reuse_a_state(tmp_path: Path):
     assert len({f.parent for f in disk_files(tmp_path)}) == 2
 
 
+@pytest.mark.model
 def test_truncate_oldest_keeps_the_system_prompt_and_newest_turns(tmp_path: Path):
     engine = make(tmp_path, n_ctx=256)
     try:

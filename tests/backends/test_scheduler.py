@@ -168,6 +168,7 @@ def test_a_long_prompt_is_read_in_chunks_while_a_stream_flows(engine: Engine):
     assert any(0 < done < total for done, total in progress)  # visible, part-way
 
 
+@pytest.mark.model
 def test_shared_system_prompt_and_answers_come_from_the_cache(tmp_path: Path):
     engine = make(tmp_path)
     try:
@@ -191,6 +192,7 @@ def test_shared_system_prompt_and_answers_come_from_the_cache(tmp_path: Path):
         engine.close()
 
 
+@pytest.mark.model
 def test_a_running_prefix_is_copied_to_a_new_sequence(tmp_path: Path):
     engine = make(tmp_path)
     try:
@@ -212,6 +214,7 @@ def test_a_running_prefix_is_copied_to_a_new_sequence(tmp_path: Path):
         engine.close()
 
 
+@pytest.mark.model
 def test_kv_memory_of_n_sequences_stays_within_the_estimate(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ):
@@ -288,6 +291,7 @@ def test_mlx_runs_two_requests_together(tmp_path: Path, starter_mlx_ref: ModelRe
         engine.close()
 
 
+@pytest.mark.model
 def test_the_deterministic_setting_runs_requests_one_at_a_time(tmp_path: Path):
     engine = make(tmp_path, deterministic=True)
     try:

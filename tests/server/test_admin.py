@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import ServerProcess, free_port
 
@@ -70,6 +71,7 @@ def test_load_pin_and_stop(tmp_path: Path, starter_ref):
         srv.stop()
 
 
+@pytest.mark.process
 def test_stop_without_a_server_says_so(tmp_path: Path):
     done = run(free_port(), tmp_path, "stop", "--all")
     assert done.returncode == 1 and "no localllm server answers" in done.stderr

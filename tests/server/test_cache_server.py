@@ -63,6 +63,7 @@ def test_cache_figures_in_health_and_ps(truncating: ServerProcess):
     assert f"{cache['hits']} of" in out.stdout
 
 
+@pytest.mark.process
 def test_ps_without_a_server_is_one_clear_line(tmp_path):
     from tests.conftest import free_port
 

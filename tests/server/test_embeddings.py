@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import openai
+import pytest
 
 from tests.conftest import ServerProcess
 from tests.gguf_fixtures import tiny_bert
@@ -63,6 +64,7 @@ def test_limits_are_clear(server: ServerProcess):
     assert empty.status_code == 400
 
 
+@pytest.mark.model
 def test_a_bert_embedding_model(tmp_path: Path):
     """The BERT family as llama.cpp runs it: a tiny random-weight BERT in the store,
     its CLS pooling from the GGUF, mean pooling on request."""

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import ServerProcess
 
@@ -18,6 +19,7 @@ def _env(tmp: Path) -> dict[str, str]:
             "LOCALLLM_DATA_DIR": str(tmp / "data"), "LOCALLLM_CACHE_DIR": str(tmp / "cache")}
 
 
+@pytest.mark.process
 def test_logs_shows_and_follows_the_server(tmp_path: Path):
     cmd = [sys.executable, "-m", "localllm", "logs"]
     missing = subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True)

@@ -192,6 +192,7 @@ def test_prompts_that_cannot_fit_are_refused_before_tokenizing(guarded: ServerPr
     assert f"{loaded} tokens" in err["message"]
 
 
+@pytest.mark.process
 def test_a_failed_load_leaves_health_ok_and_paths_out_of_the_answer(tmp_path: Path):
     """A damaged model in the store: the request fails with a 500 that names no path,
     /health stays ok (the default model answers), and the log has the reason."""
@@ -214,6 +215,7 @@ def test_a_failed_load_leaves_health_ok_and_paths_out_of_the_answer(tmp_path: Pa
 # -- keys, quotas, metrics, access log ---------------------------------------------------
 
 
+@pytest.mark.process
 def test_keys_guard_every_route_but_health(tmp_path: Path):
     srv = ServerProcess(tmp_path)
     try:
@@ -250,6 +252,7 @@ def test_keys_guard_every_route_but_health(tmp_path: Path):
         srv.stop()
 
 
+@pytest.mark.process
 def test_usage_is_counted_per_key_and_quotas_give_429(tmp_path: Path):
     srv = ServerProcess(tmp_path)
     try:
@@ -326,6 +329,7 @@ def test_access_log_has_one_json_line_per_request(guarded: ServerProcess):
 # -- processes ---------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_non_loopback_bind_needs_a_key_or_no_auth(tmp_path: Path):
     env = {**os.environ, "LOCALLLM_DATA_DIR": str(tmp_path / "data"),
            "LOCALLLM_CONFIG": str(tmp_path / "none.toml")}
@@ -336,6 +340,7 @@ def test_non_loopback_bind_needs_a_key_or_no_auth(tmp_path: Path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_sigterm_drains_for_drain_s_then_exits_0(tmp_path: Path):
     srv = ServerProcess(tmp_path, env={"LOCALLLM_DRAIN_S": "1"})
     got: list[str] = []
@@ -366,6 +371,7 @@ def test_sigterm_drains_for_drain_s_then_exits_0(tmp_path: Path):
         srv.stop()
 
 
+@pytest.mark.process
 def test_clients_that_leave_while_queued_cost_no_prompt_evaluation(tmp_path: Path):
     import socket
 

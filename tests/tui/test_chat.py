@@ -581,8 +581,8 @@ async def test_find_and_pull_a_model_from_the_hub(make_app, history: History, st
     from textual.widgets import Input
 
     from localllm.models import hub as hubmod
-    from localllm.models.gguf import format_bytes
     from localllm.tui.screens.hub_search import HubSearch
+    from localllm.units import format_bytes
     from tests.hubserver import HubServer
 
     GGUF_SPEC = "test-org/tiny-GGUF"

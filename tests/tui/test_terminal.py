@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from localllm.history import ConversationSettings, History, StoredMessage
 from tests.conftest import THREADS
 
@@ -67,6 +69,7 @@ class Terminal:
         self._reader.join(timeout=5)
 
 
+@pytest.mark.process
 def test_a_question_in_a_real_terminal_gets_its_answer_and_ctrl_q_quits(tmp_path: Path) -> None:
     data = tmp_path / "data"
     history = History(data / "history.sqlite3")
@@ -105,6 +108,7 @@ def test_a_question_in_a_real_terminal_gets_its_answer_and_ctrl_q_quits(tmp_path
         term.close()
 
 
+@pytest.mark.process
 def test_kill_9_mid_answer_keeps_the_partial_answer_marked(tmp_path: Path) -> None:
     """The chat killed while it writes an answer: the history database is intact, the
     earlier turns too, and the partial answer is kept and marked interrupted; the next

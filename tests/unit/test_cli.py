@@ -17,6 +17,7 @@ def cli(*args: str, stdin: str | None = None, tmp: Path) -> subprocess.Completed
                           capture_output=True, text=True, env=env, timeout=120)
 
 
+@pytest.mark.process
 def test_run_streams_an_answer(tmp_path: Path):
     r = cli("run", "Write a haiku about the sea", "--max-tokens", "12", "--temperature", "0",
             "--threads", "2", tmp=tmp_path)
@@ -27,6 +28,7 @@ def test_run_streams_an_answer(tmp_path: Path):
     assert "Traceback" not in r.stderr
 
 
+@pytest.mark.process
 def test_run_reads_stdin_and_system(tmp_path: Path):
     r = cli("run", "-", "--system", "You are a pirate.", "--max-tokens", "8", "--stats",
             "--threads", "2", stdin="Say hi", tmp=tmp_path)
@@ -35,6 +37,7 @@ def test_run_reads_stdin_and_system(tmp_path: Path):
     assert "generated 8 tokens" in r.stderr or "finish: stop" in r.stderr
 
 
+@pytest.mark.process
 def test_list_and_info(tmp_path: Path):
     r = cli("list", tmp=tmp_path)
     assert r.returncode == 0
@@ -77,6 +80,7 @@ def test_list_info_and_ps_as_json(tmp_path: Path, server):
         (("frobnicate",), "invalid choice: 'frobnicate'"),
     ],
 )
+@pytest.mark.process
 def test_errors_are_one_line_with_exit_code_2(tmp_path: Path, args: tuple[str, ...],
                                               needle: str):
     r = cli(*args, tmp=tmp_path)
@@ -86,6 +90,7 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path: Path, args: tuple[str, .
     assert lines[0].startswith("localllm: error:") and needle in lines[0]
 
 
+@pytest.mark.process
 def test_port_in_use_is_a_clear_error(tmp_path: Path):
     import socket
 
@@ -98,6 +103,7 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path):
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr
 
 
+@pytest.mark.process
 def test_show_prints_the_template_and_the_default_sampling(tmp_path: Path):
     template = cli("show", "starter", "--template", tmp=tmp_path)
     assert template.returncode == 0, template.stderr
@@ -112,12 +118,14 @@ def test_show_prints_the_template_and_the_default_sampling(tmp_path: Path):
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh", "fish"])
+@pytest.mark.process
 def test_completion_scripts(tmp_path: Path, shell: str):
     r = cli("completion", shell, tmp=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "localllm" in r.stdout and "_ARGCOMPLETE" in r.stdout
 
 
+@pytest.mark.process
 def test_completion_completes_subcommands(tmp_path: Path):
     """What the shell hook asks, in argcomplete's protocol, answered by localllm itself."""
     out = tmp_path / "out.txt"

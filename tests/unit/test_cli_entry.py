@@ -18,6 +18,7 @@ def _env(tmp: Path) -> dict[str, str]:
             "LOCALLLM_OLLAMA_DIR": str(tmp / "ollama")}
 
 
+@pytest.mark.process
 def test_flags_on_the_bare_command_open_the_chat(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "localllm", "--port", "9000", "--help"],
                        env=_env(tmp_path), capture_output=True, text=True, timeout=60)
@@ -28,6 +29,7 @@ def test_flags_on_the_bare_command_open_the_chat(tmp_path: Path):
     assert bad.returncode == 2 and "--port" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.process
 def test_model_and_ctx_flags_on_the_bare_command(tmp_path: Path):
     """`localllm --model NAME --ctx 8192` is the chat on that model: a name that is not a
     model fails before the screen opens, naming it (exit 2); two names are refused."""

@@ -78,6 +78,7 @@ def test_info_says_one_line_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert err.count("\n") == 1 and "llama.context_length is a string" in err
 
 
+@pytest.mark.process
 def test_run_refuses_before_llama_cpp_speaks(tmp_path: Path):
     path = gguf_file(tmp_path / "bad.gguf", CASES["alignment-list"][0])
     env = {**os.environ, "LOCALLLM_DATA_DIR": str(tmp_path / "data")}

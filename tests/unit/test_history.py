@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from localllm.history import ConversationSettings, History
 
 
@@ -54,6 +56,7 @@ while True:
 """
 
 
+@pytest.mark.process
 def test_a_killed_writer_never_corrupts_the_store(tmp_path: Path):
     db = tmp_path / "h.sqlite3"
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE,

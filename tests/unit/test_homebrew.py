@@ -70,6 +70,7 @@ def canon(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+@pytest.mark.process
 def test_formula_declares_every_dependency_and_a_service(tmp_path: Path):
     text = FORMULA.read_text()
     assert "include Language::Python::Virtualenv" in text

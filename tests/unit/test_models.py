@@ -6,8 +6,9 @@ import pytest
 
 from localllm.backends.base import ModelRef
 from localllm.errors import ModelLoadError, ModelNotFound
-from localllm.models.gguf import format_params, read_gguf
+from localllm.models.gguf import read_gguf
 from localllm.models.store import ModelStore
+from localllm.units import format_params
 
 
 def test_starter_header(starter_ref: ModelRef):

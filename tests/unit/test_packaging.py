@@ -8,6 +8,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from localllm.config import load_settings
@@ -24,6 +25,7 @@ def _has_compose() -> bool:
     return probe.returncode == 0
 
 
+@pytest.mark.process
 def test_compose_file_is_valid_and_localllm_reads_its_settings(tmp_path: Path):
     if _has_compose():
         checked = subprocess.run(

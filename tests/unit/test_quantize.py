@@ -17,9 +17,9 @@ import pytest
 from localllm.backends.base import ModelRef
 from localllm.cli import main
 from localllm.config import load_settings
+from localllm.engine.evaluate import heldout_text, load_for_eval, perplexity
 from localllm.errors import QuantizeFailed
 from localllm.models import quantize as q
-from localllm.models.evaluate import heldout_text, load_for_eval, perplexity
 from localllm.models.store import ModelStore
 
 PPL_TOKENS = 2048  # 4 windows of 512, 1024 scored tokens: enough to order the types
@@ -237,6 +237,7 @@ def test_mlx_4bit_from_the_imported_starter_runs_on_mlx(
     assert captured.out.strip() and "generated 4 tokens" in captured.err
 
 
+@pytest.mark.model
 def test_eval_on_a_given_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "notes.txt"
     text.write_text(heldout_text()[:4000], encoding="utf-8")  # about 800 tokens: one window

@@ -17,6 +17,7 @@ from localllm.cli_service import render_launchd, render_systemd, serve_command
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.process
 def test_systemd_unit_renders_and_verifies(tmp_path: Path):
     command = serve_command(["--", "--port", "9000", "--model", "my model"])
     assert command[-4:] == ["--port", "9000", "--model", "my model"]
@@ -57,6 +58,7 @@ def _env(tmp_path: Path, path: str) -> dict[str, str]:
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="the systemd path")
+@pytest.mark.process
 def test_install_and_uninstall_through_systemctl(tmp_path: Path):
     """A recording systemctl on PATH stands in for the user's service manager (the test
     must not start a real service): the unit is written and enabled, then removed."""
@@ -87,6 +89,7 @@ def test_install_and_uninstall_through_systemctl(tmp_path: Path):
     assert done.returncode == 1 and "no service is installed" in done.stderr
 
 
+@pytest.mark.process
 def test_no_service_manager_says_which_it_looked_for(tmp_path: Path):
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -21,7 +21,7 @@ from textual.widgets import DataTable, Input, Label, ProgressBar
 
 from localllm.errors import LocalLLMError
 from localllm.models import fit, hub
-from localllm.models.gguf import format_bytes
+from localllm.units import format_bytes
 
 
 class HubSearch(ModalScreen[None]):

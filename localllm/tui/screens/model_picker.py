@@ -15,8 +15,9 @@ from localllm.backends.base import ModelRef
 from localllm.backends.remote import RemoteModel
 from localllm.errors import LocalLLMError
 from localllm.models import fit
-from localllm.models.gguf import ModelMeta, format_bytes, format_params, read_meta
+from localllm.models.gguf import ModelMeta, read_meta
 from localllm.models.store import can_draft_for
+from localllm.units import format_bytes, format_params
 
 
 @dataclass(frozen=True, slots=True)

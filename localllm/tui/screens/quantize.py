@@ -19,7 +19,7 @@ from textual.widgets import Button, Checkbox, Input, Label, ProgressBar, Select,
 from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError
 from localllm.models import quantize as q
-from localllm.models.gguf import format_bytes
+from localllm.units import format_bytes
 
 
 def default_type(ref: ModelRef) -> str:

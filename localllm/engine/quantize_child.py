@@ -1,6 +1,6 @@
 """The child process of `localllm quantize` and of its report (see quantize.run_child).
 
-`python -m localllm.models.quantize_child JOB_JSON` runs one job and writes its
+`python -m localllm.engine.quantize_child JOB_JSON` runs one job and writes its
 events as JSON lines on stdout: {"progress": f}, then {"done": {...}} or
 {"error": "..."}. Everything else the native libraries print goes to stderr.
 It dies with its parent, so a killed `localllm quantize` leaves no quantizer
@@ -110,8 +110,8 @@ def quantize_mlx(job: dict[str, Any], emit: Emit, _parent: int) -> None:
 
 def measure(job: dict[str, Any], emit: Emit, _parent: int) -> None:
     from localllm.backends.base import ModelRef
-    from localllm.models.evaluate import measure as measure_one
-    from localllm.models.evaluate import read_text
+    from localllm.engine.evaluate import measure as measure_one
+    from localllm.engine.evaluate import read_text
 
     text_path = job.get("text")
     text = read_text(Path(text_path) if text_path else None)
