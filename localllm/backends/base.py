@@ -6,7 +6,6 @@ only through `Backend` and `LoadedModel`.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -350,27 +349,3 @@ class Backend(Protocol):
     def can_load(self, ref: ModelRef) -> bool: ...
 
     def load(self, ref: ModelRef, options: LoadOptions) -> LoadedModel: ...
-
-
-# -- vocabularies ------------------------------------------------------------------------
-
-_FIM_NAMES = (
-    ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
-    ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
-    ("<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>"),
-    ("<PRE>", "<SUF>", "<MID>"),
-)
-
-
-def fim_ids_from_tokens(tokens: list[str]) -> tuple[int, int, int] | None:
-    """Fill-in-the-middle token ids found by their usual names in a vocabulary."""
-    index = {t: i for i, t in enumerate(tokens)}
-    for names in _FIM_NAMES:
-        if all(n in index for n in names):
-            return (index[names[0]], index[names[1]], index[names[2]])
-    return None
-
-
-def vocab_fingerprint(tokens: list[str]) -> str:
-    """Identifies a vocabulary: two models with the same one can share drafts and caches."""
-    return hashlib.sha256("\x00".join(tokens).encode("utf-8")).hexdigest()[:16]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import mmap
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -23,6 +24,7 @@ log = logging.getLogger(__name__)
 
 MADV_DONTNEED = 4
 _MAPS = "/proc/self/maps"
+_MEM = "/proc/self/mem"
 T = TypeVar("T")
 _ONE_AT_A_TIME = threading.Lock()  # process-wide, like the address space it inspects
 
@@ -66,13 +68,28 @@ def new_ranges(
 def zero_runs(start: int, end: int, min_bytes: int) -> list[tuple[int, int]]:
     """(address, length) of each run of all-zero pages in [start, end) at least min_bytes long.
 
-    Reading a page that was never touched maps the shared zero page; it uses no memory."""
+    The pages are read through /proc/self/mem, not in place: another thread may unmap
+    part of the range meanwhile, which in place would be a segmentation fault (a test
+    that allocates and frees beside a load found it) and here is an error for that part,
+    which is then left alone. Reading a page that was never touched maps the shared zero
+    page; it uses no memory."""
     import numpy as np
 
     page = mmap.PAGESIZE
     pages = (end - start) // page
-    view = np.ctypeslib.as_array((ctypes.c_uint64 * (pages * page // 8)).from_address(start))
-    zero = ~view.reshape(pages, page // 8).any(axis=1)
+    zero = np.zeros(pages, dtype=bool)
+    chunk = 2048  # pages read at a time (8 MiB)
+    buf = np.empty(chunk * page, dtype=np.uint8)
+    with open(_MEM, "rb", buffering=0) as mem:
+        for first in range(0, pages, chunk):
+            n = min(chunk, pages - first)
+            try:
+                got = os.preadv(mem.fileno(), [buf.data[: n * page]], start + first * page)
+            except OSError:
+                continue  # unmapped meanwhile: not the buffer we look for
+            if got == n * page:
+                rows = buf[: n * page].view(np.uint64).reshape(n, page // 8)
+                zero[first : first + n] = ~rows.any(axis=1)
     edges = np.flatnonzero(np.diff(np.concatenate(([0], zero.view(np.int8), [0]))))
     runs = []
     for first, stop in zip(edges[::2].tolist(), edges[1::2].tolist(), strict=True):
@@ -92,14 +109,16 @@ def release(addr: int, length: int) -> bool:
 
 
 def allocate_lazily(make: Callable[[], T], size: int) -> tuple[T, int]:
-    """Run `make()`, which allocates and zeroes a buffer of at least `size` bytes, then give
-    that buffer's pages back. Returns make()'s result and the bytes given back.
+    """Run `make()`, which allocates and zeroes a buffer of `size` bytes, then give that
+    buffer's pages back. Returns make()'s result and the bytes given back.
 
-    The buffer is found as a run of at least `size` bytes (less the page that may hold the
-    allocator's header) of zero pages in address space that was not mapped before `make()`.
-    Only zero pages are dropped, and they read as zeros afterwards, so no contents change.
-    Calls are serialised, so the run found is the buffer this call allocated, never one
-    that another model's load is about to use.
+    The buffer is found as a run of zero pages of its size (give or take the page that
+    may hold the allocator's header) in address space that was not mapped before
+    `make()`; nothing else is touched. Zero pages read as zeros after they are dropped,
+    so no contents change. Another thread could lose data only if it mapped a buffer of
+    that exact size during `make()` and wrote to it between the scan and the madvise;
+    calls here are serialised, so two model loads never race this way (a test loads a
+    model while another thread allocates, writes and checks buffers of other sizes).
     """
     if not supported() or size <= 0:
         return make(), 0
@@ -109,7 +128,7 @@ def allocate_lazily(make: Callable[[], T], size: int) -> tuple[T, int]:
         released = 0
         for start, end in new_ranges(before, mappings()[1]):
             for addr, length in zero_runs(start, end, size - mmap.PAGESIZE):
-                if release(addr, length):
+                if length <= size + mmap.PAGESIZE and release(addr, length):
                     released += length
     log.debug("gave back %d bytes of zero pages", released)
     return result, released

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from localllm.backends import lazy_pages
+from localllm.backends import lazy_pages, llama_api
 from localllm.backends.base import (
     DEFAULT_MAX_CTX,
     Chunk,
@@ -58,6 +58,7 @@ from localllm.backends.common import (
     pick_logprobs,
     reusable_prefix,
 )
+from localllm.backends.llama_api import LlamaApi
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
@@ -70,9 +71,10 @@ _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERR
 _state: dict[str, Any] = {}  # keeps the native log callback alive; filled on first load
 
 
-def _ll() -> Any:
-    """Import llama_cpp once, route its native logging into `logging`, init the backend."""
-    import llama_cpp as ll
+def _ll() -> LlamaApi:
+    """Import llama_cpp once (checked against the declared API), route its native logging
+    into `logging`, init the backend."""
+    ll = llama_api.load()
 
     if "log_cb" not in _state:
 
@@ -90,7 +92,7 @@ def _ll() -> Any:
     return ll
 
 
-def _load_quietly(ll: Any, path: Path, mparams: Any) -> tuple[Any, str]:
+def _load_quietly(ll: LlamaApi, path: Path, mparams: Any) -> tuple[Any, str]:
     """Load a model holding back llama.cpp's warnings and errors meanwhile: on success they
     are logged as usual; on failure the first error becomes the reason (one line to the
     user, not llama.cpp's lines first)."""

@@ -39,8 +39,6 @@ from localllm.backends.base import (
     SamplingParams,
     SeqWork,
     default_n_ctx,
-    fim_ids_from_tokens,
-    vocab_fingerprint,
 )
 from localllm.backends.common import (
     DraftCounts,
@@ -51,10 +49,12 @@ from localllm.backends.common import (
     check_scoring,
     drafted_tokens,
     emit_chunks,
+    fim_ids_from_tokens,
     final_chunk,
     keep_matching,
     penalties,
     reusable_prefix,
+    vocab_fingerprint,
 )
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.provenance import imported_quant, read_provenance

@@ -374,7 +374,7 @@ def submit(engine: Engine, request: Request, up: Upstream, model_id: str) -> Chu
     cancels the task, which closes the engine's connection."""
     loop = asyncio.get_running_loop()
     stream = ChunkStream(loop, threading.Event())
-    task = loop.create_task(_pump(engine, request, up, model_id, stream._feed))
+    task = loop.create_task(_pump(engine, request, up, model_id, stream.feed))
 
     def cancel() -> None:
         loop.call_soon_threadsafe(task.cancel)

@@ -76,7 +76,7 @@ class ChunkStream:
         self._done = False
         self.on_cancel: Callable[[], None] | None = None  # told once, on cancel()
 
-    def _feed(self, item: Any) -> None:  # called on the worker thread
+    def feed(self, item: Any) -> None:  # called on the worker thread
         self._items.append(item)
         routine = isinstance(item, Chunk) and item.finish_reason is None
         if self._eager or not routine:

@@ -776,7 +776,7 @@ class Engine:
             return remote_route.submit(self, request, *remote)
         cancel = threading.Event()
         stream = ChunkStream(asyncio.get_running_loop(), cancel)
-        self.submit_local(request, stream._feed, cancel)
+        self.submit_local(request, stream.feed, cancel)
         return stream
 
     def submit_local(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localllm.backends.base import fim_ids_from_tokens, vocab_fingerprint
+from localllm.backends.common import fim_ids_from_tokens, vocab_fingerprint
 from localllm.errors import DamagedModel, ModelLoadError
 
 log = logging.getLogger(__name__)

@@ -46,9 +46,10 @@ def test_zero_pages_are_given_back_and_contents_kept():
         held.append(zeroed_buffer(size, marks))
         resident.append(rss_anon())
 
-    _, released = lazy_pages.allocate_lazily(make, 12 * MiB)
+    _, released = lazy_pages.allocate_lazily(make, 16 * MiB - PAGE)
     buf, _ = held[0]
-    # the two zero runs between the marks go (each just under 16 MiB); the marked pages stay
+    # the two zero runs between the marks go (16 MiB less one and two pages: the size
+    # asked for, give or take a page); the marked pages stay
     assert released == size - 3 * PAGE
     assert rss_anon() < resident[0] - size + 8 * MiB  # numpy, imported on first use
     assert [i for i in marks if buf[i] == 7] == marks
@@ -63,6 +64,15 @@ def test_a_shorter_zero_run_is_left_alone():
     held: list[tuple[mmap.mmap, int]] = []
     _, released = lazy_pages.allocate_lazily(
         lambda: held.append(zeroed_buffer(8 * MiB, [4 * MiB])), 6 * MiB
+    )
+    assert released == 0
+    held.clear()
+
+
+def test_a_longer_zero_run_is_another_buffer_and_left_alone():
+    held: list[tuple[mmap.mmap, int]] = []
+    _, released = lazy_pages.allocate_lazily(
+        lambda: held.append(zeroed_buffer(16 * MiB, [])), 8 * MiB
     )
     assert released == 0
     held.clear()
@@ -111,3 +121,45 @@ def test_starter_kv_cache_is_resident_only_as_used(
     finally:
         eager.close()
     assert lazy == plain and len(lazy) == 24
+
+
+def test_a_load_beside_a_thread_that_allocates_and_writes_loses_none_of_its_data(
+    starter_ref: ModelRef,
+):
+    """While models load (and give their KV pages back), another thread maps buffers of
+    many sizes, writes them and reads them back: every byte it wrote is still there."""
+    import threading
+
+    import numpy as np
+
+    stop = threading.Event()
+    problems: list[str] = []
+    checked = [0]
+
+    def churn() -> None:
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            n = int(rng.integers(1, 48)) * MiB + int(rng.integers(0, 4096))
+            buf = np.zeros(n, dtype=np.uint8)  # fresh zero pages, as the KV buffer is
+            buf[::PAGE] = 0  # touched, then written a little later
+            value = int(rng.integers(1, 255))
+            buf[::997] = value
+            if not (buf[::997] == value).all():
+                problems.append(f"a {n}-byte buffer lost what was written to it")
+            checked[0] += 1
+            del buf
+
+    worker = threading.Thread(target=churn)
+    worker.start()
+    released = []
+    try:
+        for _ in range(3):
+            model = LlamaCppBackend().load(starter_ref, LoadOptions(n_threads=1, n_ctx=4096))
+            released.append(model.kv_released)
+            model.close()
+    finally:
+        stop.set()
+        worker.join()
+    assert not problems, problems
+    assert checked[0] > 3  # the other thread did run beside the loads
+    assert all(r >= 4096 * 30 * 2 * 3 * 64 * 2 for r in released)  # and pages went back

@@ -12,33 +12,33 @@ from localllm.engine.stream import END, ChunkStream, Started
 
 async def test_a_piece_holds_every_chunk_that_arrived_before_it() -> None:
     stream = ChunkStream(asyncio.get_running_loop(), threading.Event())
-    stream._feed(Started(model="m", prompt_tokens=3))
+    stream.feed(Started(model="m", prompt_tokens=3))
     drawn = [float("-inf")]
 
     def due_in() -> float:  # a reader that draws at most every 0.2 s
         return max(0.0, drawn[0] + 0.2 - time.monotonic())
 
     pieces: list[tuple[str, bool]] = []
-    stream._feed(Chunk("a", (1,)))
+    stream.feed(Chunk("a", (1,)))
     async for text, last in stream.batches(due_in):
         drawn[0] = time.monotonic()
         pieces.append((text, last is not None))
         if len(pieces) == 1:
             # while the reader waits for its next piece, three tokens arrive from the worker
-            worker = threading.Timer(0.05, lambda: [stream._feed(Chunk(t, (2,))) for t in "bcd"])
+            worker = threading.Timer(0.05, lambda: [stream.feed(Chunk(t, (2,))) for t in "bcd"])
             worker.start()
         elif len(pieces) == 2:
-            stream._feed(Chunk("e", (5,), finish_reason="stop"))
-            stream._feed(END)
+            stream.feed(Chunk("e", (5,), finish_reason="stop"))
+            stream.feed(END)
     # the second piece is not one interval behind: all three tokens are in it
     assert pieces == [("a", False), ("bcd", False), ("e", True)]
 
 
 async def test_text_before_an_end_without_a_final_chunk_is_not_lost() -> None:
     stream = ChunkStream(asyncio.get_running_loop(), threading.Event())
-    stream._feed(Started(model="m", prompt_tokens=3))
+    stream.feed(Started(model="m", prompt_tokens=3))
     for t in "xyz":
-        stream._feed(Chunk(t, (1,)))
-    stream._feed(END)
+        stream.feed(Chunk(t, (1,)))
+    stream.feed(END)
     pieces = [text async for text, _ in stream.batches(lambda: 30.0)]
     assert "".join(pieces) == "xyz"
