@@ -25,10 +25,8 @@ def test_a_renamed_or_reshaped_function_fails_the_import_naming_it(
     del fake.llama_memory_seq_rm  # renamed upstream
     decode = llama_cpp.llama_decode
 
-    class Reshaped:
-        argtypes = [*decode.argtypes, object]  # an argument more
-
-    fake.llama_decode = Reshaped()
+    reshaped = types.SimpleNamespace(argtypes=[*decode.argtypes, object])  # an argument more
+    fake.llama_decode = reshaped
     fake.__version__ = "9.9.9"
     assert llama_api.mismatches(fake) == [
         "llama_memory_seq_rm is missing",
