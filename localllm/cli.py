@@ -11,12 +11,15 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from localllm import __version__
 from localllm.cli_common import EXIT_USAGE, positive_int, progress_printer
 from localllm.config import DEFAULT_PORT, SPECULATE_MODES, Settings, load_settings
 from localllm.errors import ConfigError, DamagedModel, LocalLLMError, ModelNotFound
+
+if TYPE_CHECKING:
+    from localllm.engine.client import EngineClient
 
 log = logging.getLogger(__name__)
 
@@ -462,7 +465,7 @@ def cmd_run(settings: Settings, args: argparse.Namespace) -> int:
     params = SamplingParams.asked(
         temperature=args.temperature, seed=args.seed, max_tokens=args.max_tokens
     )
-    engine = Engine(settings)
+    engine: EngineClient = Engine(settings)
     cancel = threading.Event()
     try:
         remote = engine.remotes.find(settings.model) is not None  # served elsewhere
@@ -514,10 +517,10 @@ def cmd_chat(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.history import History
     from localllm.tui.app import ChatApp
 
-    engine = Engine(settings)
+    engine: EngineClient = Engine(settings)
     try:
         if engine.remotes.find(settings.model) is None:  # a remote's model loads nothing
-            engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
+            engine.resolve(settings.model)  # a bad name fails now, with exit code 2
         history = History(settings.data_dir / "history.sqlite3")
         try:
             ChatApp(settings, engine, history=history, serve=not args.no_serve).run()
@@ -539,15 +542,15 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     except ConfigError:
         accounting.close()
         raise
-    engine = Engine(settings)
-    engine.observers.append(accounting.observe)
+    engine: EngineClient = Engine(settings)
+    engine.observe(accounting.observe)
     try:
         if engine.remotes.find(settings.model) is not None:
             raise ConfigError(
                 f"{settings.model} is a remote engine's model: the server's default model "
                 "is a local one; clients name the remote model in their requests"
             )
-        ref = engine.store.resolve(settings.model)  # a bad name fails now, with exit code 2
+        ref = engine.resolve(settings.model)  # a bad name fails now, with exit code 2
         sock = bind(settings.host, settings.port)
     except LocalLLMError as exc:
         engine.close()

@@ -111,7 +111,7 @@ def _origin(ref: ModelRef, models_dir: Path) -> str:
 
 def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.backends.base import default_n_ctx
-    from localllm.engine.placement import plan
+    from localllm.engine.placement import memory_profile, plan
     from localllm.models.convert import find_import
     from localllm.models.gguf import read_meta
     from localllm.models.sampling import recommended
@@ -121,16 +121,15 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
     ref = ModelStore.from_settings(settings).resolve(args.model)
     meta = read_meta(ref.path, ref.format)
     rec = recommended(ref)
-    kv_per_token, kv_type = meta.kv_bytes_per_token, "f16"
+    profile = memory_profile(ref, settings.backend, settings.models_dir, settings.n_ctx)
+    kv_type, kv_scale = profile.kv_dtype, profile.kv_scale
+    kv_per_token = meta.kv_bytes_per_token * kv_scale
     try:
         chosen = plan(ref, settings.backend, settings.models_dir)
         backend_line = f"{chosen.backend} ({chosen.text})"
         device = device_of(chosen.backend)
     except LocalLLMError as exc:
         backend_line, device = f"none: {exc.message}", ""
-    if device == "cpu" and backend_line.startswith("mlx"):
-        kv_per_token, kv_type = kv_per_token * 2, "f32"  # MLX computes in f32 on a CPU
-    kv_scale = 2 if kv_type == "f32" else 1
     n_seq = settings.parallel or DEFAULT_PARALLEL
     room = fit.free_memory(budget_mb=settings.memory_budget_mb)
     n_ctx = (
@@ -166,7 +165,7 @@ def cmd_info(settings: Settings, args: argparse.Namespace) -> int:
             f"KV {format_bytes(kv_per_token * n_ctx * n_seq)}",
         ),
         ("prompt cache", _cache_capacity(settings, kv_per_token)),
-        ("memory", _memory_line(settings, need)),
+        ("memory", _memory_line(settings, need, profile.gpu_offload)),
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
         ("sampling", _sampling_line(rec)),
@@ -324,11 +323,9 @@ def _configured_draft(settings: Settings) -> ModelRef | None:
     return configured_draft(settings, ModelStore.from_settings(settings))
 
 
-def _memory_line(settings: Settings, need: fit.Estimate) -> str:
+def _memory_line(settings: Settings, need: fit.Estimate, gpu_offload: bool) -> str:
     """An estimate against free memory, and a way out if it won't fit."""
-    from localllm.backends.llamacpp import gpu_offload
-
-    offload = settings.n_gpu_layers != 0 and gpu_offload()
+    offload = settings.n_gpu_layers != 0 and gpu_offload
     free = fit.free_memory(gpu_offload=offload, budget_mb=settings.memory_budget_mb)
     if fit.fits(need, free):
         return f"needs {need.text()}; {free.text()}: fits"

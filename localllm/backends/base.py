@@ -219,7 +219,10 @@ class Drafter(Protocol):
         ...
 
 
-class LoadedModel(Protocol):
+class CoreModel(Protocol):
+    """What every backend's model does: text in, a stream of chunks out. A new backend
+    (a remote engine, say) ships this first; the capabilities below come after."""
+
     info: ModelInfo
 
     def tokenize(self, text: str, *, special: bool = False) -> list[int]: ...
@@ -242,6 +245,12 @@ class LoadedModel(Protocol):
         drafter: Drafter | None = None,
     ) -> Iterator[Chunk]: ...
 
+    def close(self) -> None: ...
+
+
+class Drafting(Protocol):
+    """Speculative decoding: as a target (exact batches) and as a draft model."""
+
     def exact_batches(self) -> bool:
         """Whether a token's logits come out bit for bit the same evaluated in a batch as
         alone, which speculative decoding needs to leave the output unchanged."""
@@ -251,7 +260,10 @@ class LoadedModel(Protocol):
         """The greedy continuation of `context`, n tokens (as a draft model); reuses its KV."""
         ...
 
-    # -- KV cache states (the engine's prompt cache) ------------------------------------
+
+class KVStateful(Protocol):
+    """KV cache states saved and restored (the engine's prompt cache)."""
+
     def kv_prefix(self, seq: int = 0) -> list[int]:
         """The tokens at the start of a sequence's KV cache that a later prompt may reuse
         exactly (see common.ALIGN)."""
@@ -274,6 +286,10 @@ class LoadedModel(Protocol):
         """The inverse of dump_kv; ValueError when the data cannot be this model's state."""
         ...
 
+
+class Scorer(Protocol):
+    """Reading text rather than writing it: perplexity and embeddings."""
+
     def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:
         """ln P(tokens[i] | tokens[:i]) for i from `start` on, from a fresh context (perplexity).
 
@@ -281,10 +297,22 @@ class LoadedModel(Protocol):
         """
         ...
 
-    # -- batched steps (the engine's scheduler) ---------------------------------------
-    # A model holds `n_seq` sequences (ids 0..n_seq-1), each with its own KV share of
-    # info.n_ctx tokens. The scheduler evaluates the work of several sequences in one
-    # `step`, then samples each from its rows of that step's logits.
+    def embed(
+        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+    ) -> tuple[list[list[float]], int]:
+        """One L2-normalised vector per input (text, or token ids), and the tokens read.
+        Pooling: the model's own (its GGUF metadata), mean for a model that has none, or
+        `pooling` ("mean", "cls", "last"). InvalidRequest where the backend cannot embed."""
+        ...
+
+
+class Batched(Protocol):
+    """Batched steps (the engine's scheduler). A model holds `n_seq` sequences (ids
+    0..n_seq-1), each with its own KV share of info.n_ctx tokens. The scheduler evaluates
+    the work of several sequences in one `step`, then samples each from its rows of that
+    step's logits."""
+
+    info: ModelInfo
     n_seq: int
 
     def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
@@ -330,15 +358,23 @@ class LoadedModel(Protocol):
         """The bytes of one generated token (control tokens render as nothing)."""
         ...
 
-    def embed(
-        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
-    ) -> tuple[list[list[float]], int]:
-        """One L2-normalised vector per input (text, or token ids), and the tokens read.
-        Pooling: the model's own (its GGUF metadata), mean for a model that has none, or
-        `pooling` ("mean", "cls", "last"). InvalidRequest where the backend cannot embed."""
-        ...
 
-    def close(self) -> None: ...
+class LoadedModel(CoreModel, Batched, KVStateful, Drafting, Scorer, Protocol):
+    """A model the engine hosts: the core and every capability. The engine's parts ask
+    for the capability they use (the scheduler `Batched`, speculation `Drafting`...)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryProfile:
+    """How a backend holds a model in memory, for the estimate made before it loads."""
+
+    kv_dtype: Literal["f16", "f32"]  # what one KV element is stored as
+    gpu_offload: bool  # whether its layers go to a GPU's memory (then VRAM is what counts)
+
+    @property
+    def kv_scale(self) -> int:
+        """The KV cache's size against an f16 one."""
+        return 2 if self.kv_dtype == "f32" else 1
 
 
 class Backend(Protocol):
@@ -347,5 +383,9 @@ class Backend(Protocol):
     def available(self) -> bool: ...
 
     def can_load(self, ref: ModelRef) -> bool: ...
+
+    def memory_profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
+        """How `ref` would sit in memory on this backend (cheap: loads nothing)."""
+        ...
 
     def load(self, ref: ModelRef, options: LoadOptions) -> LoadedModel: ...

@@ -35,6 +35,7 @@ from localllm.backends.base import (
     FimTokens,
     KVSnapshot,
     LoadOptions,
+    MemoryProfile,
     Message,
     ModelInfo,
     ModelRef,
@@ -130,6 +131,9 @@ class LlamaCppBackend:
 
     def can_load(self, ref: ModelRef) -> bool:
         return ref.format == "gguf"
+
+    def memory_profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
+        return MemoryProfile("f16", gpu_offload())
 
     def load(self, ref: ModelRef, options: LoadOptions) -> LlamaCppModel:
         return LlamaCppModel(ref, options)

@@ -27,12 +27,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from localllm.backends import apple_silicon
 from localllm.backends.base import (
     Chunk,
     Drafter,
     FimTokens,
     KVSnapshot,
     LoadOptions,
+    MemoryProfile,
     Message,
     ModelInfo,
     ModelRef,
@@ -117,6 +119,10 @@ class MlxBackend:
 
     def can_load(self, ref: ModelRef) -> bool:
         return ref.format == "mlx"
+
+    def memory_profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
+        # on Apple Silicon the KV is f16 in unified memory; on a CPU MLX computes in f32
+        return MemoryProfile("f16" if apple_silicon() else "f32", gpu_offload=False)
 
     def load(self, ref: ModelRef, options: LoadOptions) -> MlxModel:
         return MlxModel(ref, options)

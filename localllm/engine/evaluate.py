@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from localllm.backends.base import LoadedModel, LoadOptions, Message, ModelRef, SamplingParams
+from localllm.backends.base import (
+    CoreModel,
+    LoadedModel,
+    LoadOptions,
+    Message,
+    ModelRef,
+    SamplingParams,
+)
 from localllm.errors import InvalidRequest
 
 DEFAULT_WINDOW = 512
@@ -74,7 +81,7 @@ def perplexity(
     return Perplexity(math.exp(total / scored), scored, n_windows, len(tokens))
 
 
-def decode_speed(model: LoadedModel, n_tokens: int = SPEED_TOKENS) -> float:
+def decode_speed(model: CoreModel, n_tokens: int = SPEED_TOKENS) -> float:
     """Greedy decode tokens/s for a fixed short prompt (after the first token)."""
     prompt = model.render_chat([Message("user", SPEED_PROMPT)])
     params = SamplingParams(temperature=0.0, max_tokens=n_tokens)

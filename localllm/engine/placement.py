@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localllm.backends import BACKEND_CHOICES, apple_silicon, get_backend, require
-from localllm.backends.base import Backend, ModelRef
+from localllm.backends.base import Backend, MemoryProfile, ModelRef
 from localllm.errors import BackendUnavailable, ImportFailed
 
 
@@ -62,6 +62,18 @@ def plan(ref: ModelRef, preference: str, models_dir: Path) -> Plan:
     require("llamacpp")
     where = "mlx is not installed" if apple_silicon() else "not Apple Silicon"
     return Plan("llamacpp", f"auto: {where}")
+
+
+def memory_profile(
+    ref: ModelRef, preference: str, models_dir: Path, n_ctx: int | None = None
+) -> MemoryProfile:
+    """How the backend the plan picks would hold `ref`; when no backend can run it, an
+    f16 profile on the CPU (the load then says why it cannot)."""
+    try:
+        chosen = plan(ref, preference, models_dir)
+    except BackendUnavailable:
+        return MemoryProfile("f16", gpu_offload=False)
+    return get_backend(chosen.backend).memory_profile(ref, n_ctx)
 
 
 def _import_problem(ref: ModelRef) -> str | None:

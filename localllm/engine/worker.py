@@ -25,13 +25,15 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
-from localllm.backends import apple_silicon, reasoning, tools
+from localllm.backends import reasoning, tools
 from localllm.backends.base import (
+    Backend,
     Chunk,
     LoadedModel,
     LoadOptions,
+    MemoryProfile,
     Message,
     ModelInfo,
     ModelRef,
@@ -40,13 +42,15 @@ from localllm.backends.base import (
 from localllm.backends.common import check_request
 from localllm.backends.tools import ToolSpec
 from localllm.config import DEFAULT_PARALLEL, Settings
-from localllm.engine import grammar, remote_route
+from localllm.engine import grammar, placement, remote_route
+from localllm.engine.client import EngineStatus, LoadedRow, Observer, State, _frozen
 from localllm.engine.placement import Plan, plan, prepare
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget, model_key
 from localllm.engine.scheduler import Admission, Running, Scheduler, end_unstarted
 from localllm.engine.speculative import Speculation, configured_draft
 from localllm.engine.stream import END, ChunkStream, Started, chunks_of
 from localllm.errors import (
+    BackendUnavailable,
     ContextOverflow,
     FimUnsupported,
     ImportFailed,
@@ -60,8 +64,8 @@ from localllm.models.sampling import Recommended, recommended
 from localllm.models.store import ModelStore, looks_like_path
 
 log = logging.getLogger(__name__)
-
-State = Literal["idle", "loading", "ready", "error"]
+T = TypeVar("T")
+CPU_F16 = MemoryProfile("f16", gpu_offload=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +157,7 @@ class Resident:
     tokenizing: int = 0  # its requests whose prompts the tokenizer threads are reading
     # what its makers recommend: a request's unset sampling fields take these
     sampling: Recommended = field(default_factory=Recommended)
+    profile: MemoryProfile = CPU_F16  # how its backend holds it
 
     def time_left(self, now: float) -> float | None:
         """Seconds until the keep-alive runs out (negative: it has); None: it never does."""
@@ -172,7 +177,8 @@ class _Tokenized:
 
 
 class Engine:
-    """Owns the worker thread and the loaded models.
+    """Owns the worker thread and the loaded models; its clients see it as an
+    `EngineClient` (engine/client.py).
 
     One model is the default (the one loaded with `load()`: what the chat and requests
     without a model use); it stays until another replaces it. A request naming
@@ -183,9 +189,18 @@ class Engine:
     with the numbers unless `force_load` is set.
     """
 
-    def __init__(self, settings: Settings, store: ModelStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: ModelStore | None = None,
+        *,
+        backends: Sequence[Backend] | None = None,
+    ) -> None:
+        """`backends`: the backends models load with, the first that takes a model (tests
+        give backends/fake.py's); None: the engine's placement chooses (engine/placement.py)."""
         self.settings = settings
         self.store = store or ModelStore.from_settings(settings)
+        self._backends = None if backends is None else tuple(backends)
         self.last_error: str | None = None  # the last failed load's message
         self.dead: str | None = None  # set if the worker thread ever stops unasked
         self._loading = False
@@ -216,7 +231,8 @@ class Engine:
         }
         # told of each finished request (on the worker thread; keep them quick): the
         # request, the model that answered, its final chunk and the seconds since submit
-        self.observers: list[Callable[[Request, str, Chunk, float], None]] = []
+        self.observers: list[Observer] = []
+        self._status = EngineStatus(backend_preference=settings.backend)
         # prompts are rendered and tokenized here, not on the worker: a long or hostile
         # prompt delays only the requests behind it, never the streams that are decoding
         self._tokenizers = ThreadPoolExecutor(2, thread_name_prefix="localllm-tokenize")
@@ -262,33 +278,77 @@ class Engine:
         return self._outstanding
 
     def resident(self) -> list[dict[str, Any]]:
-        """The loaded models, default first, for /health and `localllm ps` (any thread)."""
-        now = time.monotonic()
-        rows = []
+        """The loaded models, default first, as of the worker's last step."""
+        return self.status().resident()
+
+    def status(self) -> EngineStatus:
+        """The snapshot the worker published after its last step, with the requests
+        outstanding counted now (any thread)."""
+        status = dataclasses.replace(self._status, queued=self._outstanding)
+        if status.state != "error" and not self._thread.is_alive():
+            return dataclasses.replace(status, state="error")
+        return status
+
+    def _publish(self) -> None:
+        """On the worker: a new status snapshot, after each step and each load or unload."""
         default = self._default
+        rows = []
         for res in sorted(list(self._resident.values()), key=lambda r: r is not default):
             info = res.model.info
-            left = None if res is default else res.time_left(now)
-            expires = None if left is None else round(max(0.0, left), 1)
             rows.append(
-                {
-                    "model": res.ref.name,
-                    "default": res is default,
-                    "backend": info.backend,
-                    "device": info.device,
-                    "n_ctx": info.n_ctx,
-                    "memory_bytes": res.need,
-                    "kv_bytes": res.kv_bytes,
-                    "parallel": res.model.n_seq,
-                    "active": len(res.scheduler.active),
-                    "waiting": len(res.scheduler.waiting),
-                    "idle_s": round(now - res.last_used, 1),
-                    "expires_in_s": expires,
-                    "requests": res.requests,
-                    "draft_for": res.draft_for,
-                }
+                LoadedRow(
+                    model=res.ref.name,
+                    default=res is default,
+                    backend=info.backend,
+                    device=info.device,
+                    n_ctx=info.n_ctx,
+                    memory_bytes=res.need,
+                    kv_bytes=res.kv_bytes,
+                    parallel=res.model.n_seq,
+                    active=len(res.scheduler.active),
+                    waiting=len(res.scheduler.waiting),
+                    last_used=res.last_used,
+                    keep_alive=res.keep_alive,
+                    requests=res.requests,
+                    draft_for=res.draft_for,
+                )
             )
-        return rows
+        self._status = EngineStatus(
+            state=self.state,
+            model_info=default.model.info if default is not None else None,
+            model_ref=default.ref if default is not None else None,
+            sampling=default.sampling if default is not None else Recommended(),
+            backend_preference=self._backend,
+            queued=self._outstanding,
+            loaded=tuple(rows),
+            activity=_frozen(self.activity()),
+            totals=_frozen(self.totals),
+            prompt_cache=_frozen(self.cache.stats()),
+            dead=self.dead,
+            last_error=self.last_error,
+        )
+
+    def models(self) -> list[ModelRef]:
+        """The models on this machine (reads the models folder)."""
+        return self.store.models()
+
+    def resolve(self, name: str, *, paths: bool = True) -> ModelRef:
+        """A model name (or, with `paths`, a file or folder) as the store finds it."""
+        return self.store.resolve(name, paths=paths)
+
+    def remove(self, ref: ModelRef) -> None:
+        """Delete a local model's files."""
+        self.store.remove(ref)
+
+    def observe(self, observer: Observer) -> Callable[[], None]:
+        """Tell `observer` of each finished request; returns the call that stops it."""
+        self.observers.append(observer)
+
+        def stop() -> None:
+            with contextlib.suppress(ValueError):
+                self.observers.remove(observer)
+
+        return stop
 
     # -- loading -----------------------------------------------------------------
     def load(
@@ -344,17 +404,18 @@ class Engine:
     ) -> dict[str, Any]:
         """Load a model beside the default (or reload it at another context) and set how long
         it stays idle before it unloads (negative: for good); its /health row."""
-        ref = self._resolve(Request(SamplingParams(), model=model, allow_paths=allow_paths))
-        assert ref is not None
-        if n_ctx is not None:
-            trained = fit.trained_context(ref)
-            if trained and n_ctx > trained:
-                raise InvalidRequest(
-                    f"n_ctx {n_ctx} is more than the {trained} tokens {ref.name} was trained for",
-                    param="n_ctx",
-                )
 
         def load() -> dict[str, Any]:
+            ref = self._resolve(Request(SamplingParams(), model=model, allow_paths=allow_paths))
+            assert ref is not None
+            if n_ctx is not None:
+                trained = fit.trained_context(ref)
+                if trained and n_ctx > trained:
+                    raise InvalidRequest(
+                        f"n_ctx {n_ctx} is more than the {trained} tokens {ref.name} "
+                        "was trained for",
+                        param="n_ctx",
+                    )
             default = self._default is not None and self._default.ref.path == ref.path
             res = self._ensure_loaded(ref, n_ctx=n_ctx, keep_alive=keep_alive, default=default)
             return next(r for r in self.resident() if r["model"] == res.ref.name)
@@ -410,6 +471,7 @@ class Engine:
             res.keep_alive = self._keep_alive(keep_alive)
         res.last_used = time.monotonic()
         self.cache.attach(res.model, res.cache_key)
+        self._publish()
         return res
 
     def _regrow(self, job: _Job, res: Resident, error: ContextOverflow) -> bool:
@@ -445,8 +507,8 @@ class Engine:
         want = min(want, info.n_ctx_train or want)
         if want <= info.n_ctx or res.scheduler.active or res.scheduler.waiting or res.tokenizing:
             return res
-        need = self._estimate(res.ref, want).with_seq(res.model.n_seq)
-        free = self._free()
+        need = self._estimate(res.ref, want, res.profile).with_seq(res.model.n_seq)
+        free = self._free(res.profile)
         room = fit.Free(free.bytes + res.need, free.where)
         if not fit.fits(need, room):
             log.info(
@@ -473,17 +535,17 @@ class Engine:
     def with_model(
         self,
         model: str | None,
-        fn: Callable[[LoadedModel], Any],
+        fn: Callable[[LoadedModel], T],
         *,
         allow_paths: bool = True,
         keep_alive: float | None = None,
-    ) -> Any:
+    ) -> T:
         """fn(the loaded model), run on the worker (the model loaded first; None: the
         default model), for a tokenizer call or a model's properties (any thread but the
         worker's). Its errors reach the caller."""
-        ref = self._resolve(Request(SamplingParams(), model=model, allow_paths=allow_paths))
 
-        def call() -> Any:
+        def call() -> T:
+            ref = self._resolve(Request(SamplingParams(), model=model, allow_paths=allow_paths))
             default = self._default
             chosen = ref or (default.ref if default else self.store.resolve(self.settings.model))
             res = self._ensure_loaded(
@@ -515,10 +577,12 @@ class Engine:
     def _load(
         self, ref: ModelRef, progress: Callable[[float], None] | None, n_ctx: int | None
     ) -> Resident:
-        n = n_ctx or self.settings.n_ctx or self._default_context(ref) or None
-        need = self._with_parallel(self._estimate(ref, n))
-        self._make_room(need)
+        profile = self._profile(ref, n_ctx)
+        n = n_ctx or self.settings.n_ctx or self._default_context(ref, profile) or None
+        need = self._with_parallel(self._estimate(ref, n, profile), profile)
+        self._make_room(need, profile)
         self._loading = True
+        self._publish()
         options = LoadOptions(
             n_ctx=n,
             n_threads=self.settings.n_threads,
@@ -537,10 +601,12 @@ class Engine:
             raise error from exc
         finally:
             self._loading = False
+            self._publish()
         extra = {**model.info.extra, "backend_reason": reason}
         model.info = dataclasses.replace(model.info, id=ref.name, extra=extra)
-        key = model_key(target, model, _kv_type(model.info))
+        key = model_key(target, model, profile.kv_dtype)
         res = Resident(ref, model, self._backend, key, need.total, need.kv, self._keep_alive(None))
+        res.profile = profile
         res.sampling = recommended(ref)
         res.scheduler = self._scheduler(res)
         self._resident[ref.path] = res
@@ -556,28 +622,46 @@ class Engine:
         )
         return res
 
-    def _default_context(self, ref: ModelRef) -> int:
-        """The trained context, capped by what fits beside the model (see fit)."""
-        on_mlx = self._backend == "mlx" or ref.format == "mlx"
-        scale = 2 if on_mlx and not apple_silicon() else 1
-        n_seq = self.settings.parallel or DEFAULT_PARALLEL
-        return fit.default_context(ref, self._room(), n_seq, kv_scale=scale)
+    def _profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
+        """How the backend that would load `ref` holds it (its KV dtype, GPU or not)."""
+        if self._backends is not None:
+            try:
+                return self._given_backend(ref).memory_profile(ref, n_ctx)
+            except BackendUnavailable:
+                return CPU_F16  # the load says why
+        return placement.memory_profile(ref, self._backend, self.settings.models_dir, n_ctx)
 
-    def _estimate(self, ref: ModelRef, n_ctx: int | None) -> fit.Estimate:
-        on_mlx = self._backend == "mlx" or ref.format == "mlx"
-        scale = 2 if on_mlx and not apple_silicon() else 1  # MLX on a CPU keeps f32 KV
+    def _given_backend(self, ref: ModelRef) -> Backend:
+        """Of the backends the engine was given, the first that loads `ref` (and is the
+        preferred one, unless that is auto)."""
+        assert self._backends is not None
+        for backend in self._backends:
+            if self._backend in ("auto", backend.name) and backend.can_load(ref):
+                return backend
+        names = ", ".join(b.name for b in self._backends) or "none"
+        raise BackendUnavailable(
+            self._backend, f"none of this engine's backends ({names}) loads {ref.name}"
+        )
+
+    def _default_context(self, ref: ModelRef, profile: MemoryProfile) -> int:
+        """The trained context, capped by what fits beside the model (see fit)."""
+        n_seq = self.settings.parallel or DEFAULT_PARALLEL
+        return fit.default_context(ref, self._room(profile), n_seq, kv_scale=profile.kv_scale)
+
+    def _estimate(self, ref: ModelRef, n_ctx: int | None, profile: MemoryProfile) -> fit.Estimate:
+        scale = profile.kv_scale
         draft = configured_draft(self.settings, self.store)
         return fit.estimate(ref, n_ctx, kv_scale=scale).with_draft(
             draft, target=ref, kv_scale=scale
         )
 
-    def _with_parallel(self, need: fit.Estimate) -> fit.Estimate:
+    def _with_parallel(self, need: fit.Estimate, profile: MemoryProfile) -> fit.Estimate:
         """The estimate with its KV for `parallel` sequences. Unset, that is 4, or fewer
         when memory says so; set, a value that does not fit is refused (unless forced),
         naming the value that does."""
         s = self.settings
         want = need.with_seq(s.parallel or DEFAULT_PARALLEL)
-        room = self._room()
+        room = self._room(profile)
         if s.force_load or fit.fits(want, room):
             return want
         fitting = want.max_seq(room.bytes)
@@ -594,31 +678,32 @@ class Engine:
             f"--parallel {fitting} (needs {fit.format_bytes(need.with_seq(fitting).total)})",
         )
 
-    def _room(self) -> fit.Free:
+    def _room(self, profile: MemoryProfile) -> fit.Free:
         """The memory a load may take: what is free and what loaded models hold, within
         memory_budget_mb."""
         s = self.settings
-        free = self._free()
+        free = self._free(profile)
         room = fit.Free(free.bytes + sum(r.need for r in self._resident.values()), free.where)
         budget = s.memory_budget_mb * 1024 * 1024 if s.memory_budget_mb is not None else None
         if budget is not None and budget < room.bytes:
             room = fit.Free(budget, "of memory_budget_mb")
         return room
 
-    def _free(self) -> fit.Free:
-        from localllm.backends.llamacpp import gpu_offload
+    def _free(self, profile: MemoryProfile) -> fit.Free:
+        offload = self.settings.n_gpu_layers != 0 and profile.gpu_offload
+        return fit.free_memory(gpu_offload=offload)
 
-        return fit.free_memory(gpu_offload=self.settings.n_gpu_layers != 0 and gpu_offload())
-
-    def _make_room(self, need: fit.Estimate, *, keep: Path | None = None) -> None:
+    def _make_room(
+        self, need: fit.Estimate, profile: MemoryProfile, *, keep: Path | None = None
+    ) -> None:
         """Refuse (unless forced) a load that would not fit even with every other model
         unloaded; otherwise unload least recently used models (the default last) until it
         fits beside the rest, within max_loaded_models and memory."""
         s = self.settings
         budget = s.memory_budget_mb * 1024 * 1024 if s.memory_budget_mb is not None else None
-        free = self._free()
+        free = self._free(profile)
         held = sum(r.need for r in self._resident.values())
-        room = self._room()
+        room = self._room(profile)
         if not fit.fits(need, room):
             if not s.force_load:
                 raise fit.refusal(need, room)
@@ -660,6 +745,7 @@ class Engine:
         self.speculation.release(res.ref)
         res.scheduler.cancel_all(LocalLLMError(f"the model {res.ref.name} was unloaded"))
         res.model.close()
+        self._publish()
 
     def _expire(self) -> float | None:
         """Unload on-demand models idle past their keep-alive; seconds until the next expiry."""
@@ -680,15 +766,19 @@ class Engine:
         """Load a draft model for `target`, on its backend and at its context, one sequence:
         checked against memory like any load and listed among the loaded models (it goes
         when its target goes)."""
-        from localllm.errors import BackendUnavailable, InvalidRequest
+        from localllm.errors import InvalidRequest
 
         backend = target.info.backend  # the draft runs where the target runs
-        f32_kv = _kv_type(target.info) == "f32"
-        need = fit.estimate(ref, target.info.n_ctx, kv_scale=2 if f32_kv else 1)
-        self._make_room(need, keep=target_ref.path)
+        # and is held as its target is held
+        profile = next(r.profile for r in self._resident.values() if r.model is target)
+        need = fit.estimate(ref, target.info.n_ctx, kv_scale=profile.kv_scale)
+        self._make_room(need, profile, keep=target_ref.path)
         models_dir = self.settings.models_dir
         try:
-            loader, loadable = prepare(ref, plan(ref, backend, models_dir), models_dir)
+            if self._backends is not None:
+                loader, loadable = self._given_backend(ref), ref
+            else:
+                loader, loadable = prepare(ref, plan(ref, backend, models_dir), models_dir)
         except BackendUnavailable as exc:
             raise InvalidRequest(
                 f"the draft model {ref.name} cannot run on {backend} beside "
@@ -697,7 +787,7 @@ class Engine:
             ) from None
         options = LoadOptions(n_ctx=target.info.n_ctx, n_threads=self.settings.n_threads)
         model = loader.load(loadable, options)
-        res = Resident(ref, model, backend, "", need.total, need.kv, None)
+        res = Resident(ref, model, backend, "", need.total, need.kv, None, profile=profile)
         res.scheduler = self._scheduler(res)  # it serves no requests of its own
         res.draft_for = target_ref.name
         self._resident[Path(f"{ref.path}#draft-for:{target_ref.path}")] = res
@@ -716,7 +806,11 @@ class Engine:
         self, ref: ModelRef, options: LoadOptions
     ) -> tuple[LoadedModel, str, ModelRef]:
         """Plan the backend, import a GGUF for MLX when the plan says so, load; with `auto`,
-        a GGUF whose import fails runs on llama.cpp instead."""
+        a GGUF whose import fails runs on llama.cpp instead. An engine given its backends
+        loads with the first of them that takes the model."""
+        if self._backends is not None:
+            given = self._given_backend(ref)
+            return given.load(ref, options), f"given: {given.name}", ref
         models_dir = self.settings.models_dir
         chosen = plan(ref, self._backend, models_dir)
         try:
@@ -785,9 +879,9 @@ class Engine:
         emit: Callable[[Any], None],
         cancel: threading.Event | None = None,
     ) -> None:
-        """Queue a request for a local model; its items go to `emit` on the worker."""
-        ref = self._resolve(request)
-        self._enqueue(_Job(request, ref, emit, cancel or threading.Event()))
+        """Queue a request for a local model; its items go to `emit` on the worker (its
+        model's name is resolved there: a bad one is the first item)."""
+        self._enqueue(_Job(request, None, emit, cancel or threading.Event()))
 
     def finished_remote(self, request: Request, model: str, final: Chunk, seconds: float) -> None:
         """A remote request's end, counted and told to the observers as a local one is."""
@@ -818,9 +912,8 @@ class Engine:
         if remote is not None:
             yield from remote_route.generate(self, request, *remote, cancel or threading.Event())
             return
-        ref = self._resolve(request)
         out: queue.Queue[Any] = queue.Queue()
-        job = _Job(request, ref, out.put, cancel or threading.Event())
+        job = _Job(request, None, out.put, cancel or threading.Event())
         self._enqueue(job)
         try:
             yield from chunks_of(out)
@@ -842,6 +935,7 @@ class Engine:
             log.exception("the engine's worker stopped")
             self.dead = f"{type(exc).__name__}: {exc}"
             self._fail_queued()
+            self._publish()
         finally:
             pause.release()
             for res in list(self._resident.values()):
@@ -864,6 +958,7 @@ class Engine:
             return False
         if isinstance(job, _Tokenized):
             self._tokenized(job)
+            self._publish()
             return True
         if job is not _NO_JOB:
             try:
@@ -872,12 +967,14 @@ class Engine:
                 with _logged("ending the job in hand"):
                     job.end(LocalLLMError(f"the engine stopped: {type(exc).__name__}: {exc}"))
                 raise
+            self._publish()
             return True  # take every job that is waiting before the next step
         pause.hold()  # while any model decodes (see CollectionPause)
         for res in busy:
             self._step(res)
         if not any(r.scheduler.busy for r in self._resident.values()):
             pause.release()  # before the last request hears it has ended
+        self._publish()  # before the requests that ended hear so: they see themselves counted
         for res in busy:
             res.scheduler.flush()
         return True
@@ -923,6 +1020,8 @@ class Engine:
                 job.end()
                 return
             request = job.request
+            if job.ref is None:  # resolved here: the models folder is never read on a loop
+                job.ref = self._resolve(request)
             default = self._default
             ref = job.ref or (default.ref if default else self.store.resolve(self.settings.model))
             if job.cancel.is_set():  # abandoned while it waited: end it the usual way
@@ -1195,10 +1294,6 @@ def check_token_ids(info: ModelInfo, tokens: Sequence[int]) -> None:
                 f"(ids 0 to {info.n_vocab - 1})",
                 param="prompt",
             )
-
-
-def _kv_type(info: ModelInfo) -> str:
-    return "f32" if info.backend == "mlx" and info.device == "cpu" else "f16"
 
 
 def render_prompt(model: LoadedModel, request: Request) -> list[int]:

@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from localllm import __version__
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting
-from localllm.engine.worker import Engine
+from localllm.engine.client import EngineClient
 from localllm.server.errors import install_error_handlers
 from localllm.server.guard import Guard, origin_pattern
 from localllm.server.metrics import Telemetry
@@ -92,7 +92,9 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-def create_app(settings: Settings, engine: Engine, accounting: Accounting | None = None) -> FastAPI:
+def create_app(
+    settings: Settings, engine: EngineClient, accounting: Accounting | None = None
+) -> FastAPI:
     """The endpoint over `engine`; the caller owns the engine's and accounting's lifetime.
     With `accounting`, its keys guard every route but /health and usage is counted."""
     app = FastAPI(title="localllm", version=__version__, docs_url="/docs", redoc_url=None)

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from localllm.backends.base import Chunk
-from localllm.engine.worker import Engine
+from localllm.engine.client import EngineClient
 from localllm.engine.worker import Request as EngineRequest
 
 _PENDING_MAX = 4096  # requests whose response has not ended yet
@@ -27,12 +27,13 @@ _PENDING_MAX = 4096  # requests whose response has not ended yet
 class EngineCollector(Collector):
     """Gauges read from the engine at scrape time."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
         engine = self.engine
-        activity = engine.activity()
+        status = engine.status()
+        activity = status.activity
         queued = GaugeMetricFamily("localllm_queue_depth", "Requests waiting to start")
         queued.add_metric([], activity["queued"])
         yield queued
@@ -46,26 +47,26 @@ class EngineCollector(Collector):
             "Memory a loaded model takes (weights and KV)",
             labels=["model", "backend"],
         )
-        for row in engine.resident():
-            active.add_metric([row["model"]], row["active"])
-            loaded.add_metric([row["model"], row["backend"]], row["memory_bytes"])
+        for row in status.loaded:
+            active.add_metric([row.model], row.active)
+            loaded.add_metric([row.model, row.backend], row.memory_bytes)
         yield active
         yield loaded
         count = GaugeMetricFamily("localllm_loaded_models", "Models loaded now")
-        count.add_metric([], len(engine.resident()))
+        count.add_metric([], len(status.loaded))
         yield count
-        cache = engine.cache.stats()
+        cache = status.prompt_cache
         lookups = CounterMetricFamily("localllm_prompt_cache_lookups", "Prompt-cache lookups")
-        lookups.add_metric([], float(cache.get("requests", 0)))  # type: ignore[arg-type]
+        lookups.add_metric([], float(cache.get("requests", 0)))
         yield lookups
         hits = CounterMetricFamily("localllm_prompt_cache_hits", "Lookups that reused a prefix")
-        hits.add_metric([], float(cache.get("hits", 0)))  # type: ignore[arg-type]
+        hits.add_metric([], float(cache.get("hits", 0)))
         yield hits
         size = GaugeMetricFamily(
             "localllm_prompt_cache_bytes", "Bytes the prompt cache holds", labels=["tier"]
         )
-        size.add_metric(["ram"], float(cache.get("ram_bytes", 0)))  # type: ignore[arg-type]
-        size.add_metric(["disk"], float(cache.get("disk_bytes", 0)))  # type: ignore[arg-type]
+        size.add_metric(["ram"], float(cache.get("ram_bytes", 0)))
+        size.add_metric(["disk"], float(cache.get("disk_bytes", 0)))
         yield size
         remotes = engine.remotes.status()
         if remotes:
@@ -74,15 +75,15 @@ class EngineCollector(Collector):
                 "1 while a remote engine is served, 0 while marked down",
                 labels=["remote"],
             )
-            for row in remotes:
-                up.add_metric([row["name"]], 1.0 if row["state"] == "up" else 0.0)
+            for remote in remotes:
+                up.add_metric([remote["name"]], 1.0 if remote["state"] == "up" else 0.0)
             yield up
 
 
 class Telemetry:
     """The metrics registry of one endpoint, and the engine's figures for its access log."""
 
-    def __init__(self, engine: Engine, routes: set[str] | None = None) -> None:
+    def __init__(self, engine: EngineClient, routes: set[str] | None = None) -> None:
         self.registry = CollectorRegistry()
         self.routes = routes or set()  # label values for `route`; any other path is "other"
         r = self.registry
@@ -119,7 +120,7 @@ class Telemetry:
         r.register(EngineCollector(engine))
         self._pending: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        engine.observers.append(self.observe)
+        engine.observe(self.observe)
 
     def observe(self, request: EngineRequest, model: str, final: Chunk, seconds: float) -> None:
         """One finished request (on the engine's thread)."""

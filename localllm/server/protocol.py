@@ -316,7 +316,7 @@ class SamplingFields(_Wire):
             logit_bias=tuple((int(k), v) for k, v in (self.logit_bias or {}).items()) or None,
             seed=self.seed,
             max_tokens=self.token_limit(),
-            stop=tuple(s for s in stop if s),
+            stop=tuple(s for s in stop if s) or None,
             grammar=self.grammar(),
             logprobs=self.report_logprobs(),
         )

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from localllm.config import Settings
-from localllm.engine.worker import Engine
+from localllm.engine.client import EngineClient
 from localllm.errors import InvalidRequest
 from localllm.server import protocol as wire
 
@@ -18,7 +18,7 @@ router = APIRouter()
 
 @router.post("/admin/load")
 async def load(body: wire.AdminLoad, request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
     row = await asyncio.to_thread(
         engine.preload,
@@ -32,14 +32,14 @@ async def load(body: wire.AdminLoad, request: Request) -> JSONResponse:
 
 @router.post("/admin/unload")
 async def unload(body: wire.AdminUnload, request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     if body.model is None and not body.all:
         raise InvalidRequest('name a model, or send "all": true', param="model")
     if body.model is not None and body.all:
         raise InvalidRequest('send a model or "all": true, not both', param="all")
     gone = await asyncio.to_thread(engine.unload, None if body.all else body.model)
     if body.model is not None and not gone:
-        loaded = ", ".join(r["model"] for r in engine.resident()) or "none"
+        loaded = ", ".join(r.model for r in engine.status().loaded) or "none"
         raise InvalidRequest(
             f"the model {body.model} is not loaded (loaded: {loaded})",
             param="model",

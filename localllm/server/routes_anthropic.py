@@ -26,8 +26,8 @@ from pydantic import Field
 from localllm.backends.base import Chunk, Message, SamplingParams, ToolCall
 from localllm.backends.tools import ReplyReader, ToolChoice, ToolSpec
 from localllm.config import Settings
+from localllm.engine.client import EngineClient
 from localllm.engine.stream import ChunkStream
-from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest
 from localllm.server import protocol as wire
@@ -343,7 +343,7 @@ async def _events(
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(body: CountBody, request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     req = EngineRequest(
         SamplingParams(),
         messages=body.engine_messages(),

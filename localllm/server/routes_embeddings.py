@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from pydantic import Field, field_validator
 
 from localllm.config import Settings
-from localllm.engine.worker import Engine
+from localllm.engine.client import EngineClient
 from localllm.server import protocol as wire
 from localllm.server.routes_ollama import model_name
 
@@ -93,7 +93,7 @@ async def _embed(
     pooling: str | None,
     keep_alive: float | None = None,
 ) -> tuple[list[list[float]], int, str]:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
 
     def work(loaded: Any) -> tuple[list[list[float]], int, str]:

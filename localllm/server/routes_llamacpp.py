@@ -22,7 +22,8 @@ from pydantic import Field
 from localllm import __version__
 from localllm.backends.base import SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Infill
+from localllm.engine.client import EngineClient
+from localllm.engine.worker import Infill
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest
 from localllm.server import protocol as wire
@@ -213,7 +214,7 @@ async def infill(body: InfillBody, request: Request) -> JSONResponse:
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeBody, request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
 
     def work(model: Any) -> dict[str, Any]:
@@ -241,7 +242,7 @@ async def tokenize(body: TokenizeBody, request: Request) -> JSONResponse:
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeBody, request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
 
     def work(model: Any) -> dict[str, Any]:
@@ -263,7 +264,7 @@ async def detokenize(body: DetokenizeBody, request: Request) -> JSONResponse:
 @router.get("/props")
 async def props(request: Request) -> JSONResponse:
     """What llama.vim and llama.vscode read: the context size, the model, its template."""
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
 
     def work(model: Any) -> dict[str, Any]:

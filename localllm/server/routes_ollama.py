@@ -35,8 +35,8 @@ from localllm.backends.chat_template import CHATML
 from localllm.backends.tools import ReplyReader, ToolChoice, ToolSpec, new_call_id
 from localllm.config import Settings
 from localllm.engine import grammar
+from localllm.engine.client import EngineClient
 from localllm.engine.stream import ChunkStream
-from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
 from localllm.models.gguf import ModelMeta
@@ -355,7 +355,7 @@ async def _lines(stream: ChunkStream, reply: _Reply, interval_s: float) -> Async
 
 async def _load_only(request: Request, body: _Common, chat: bool) -> JSONResponse:
     """An empty prompt or message list loads the model (keep_alive 0: unloads it)."""
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
     name = model_name(body.model)
     if body.keep_alive == 0:
@@ -393,8 +393,8 @@ async def version() -> JSONResponse:
 
 @router.get("/api/tags")
 async def tags(request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
-    refs = await asyncio.to_thread(engine.store.models)
+    engine: EngineClient = request.app.state.engine
+    refs = await asyncio.to_thread(engine.models)
     rows = await asyncio.to_thread(lambda: [_tag(r) for r in refs])
     for m in await engine.remotes.models():
         rows.append(
@@ -416,7 +416,7 @@ async def tags(request: Request) -> JSONResponse:
     return JSONResponse({"models": rows})
 
 
-async def _show_remote(engine: Engine, name: str) -> JSONResponse | None:
+async def _show_remote(engine: EngineClient, name: str) -> JSONResponse | None:
     """/api/show for a remote engine's model: what the engine says of it."""
     if engine.remotes.find(name) is None:
         return None
@@ -446,12 +446,12 @@ async def _show_remote(engine: Engine, name: str) -> JSONResponse | None:
 
 @router.post("/api/show")
 async def show(body: NameBody, request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
     remote = await _show_remote(engine, body.which())
     if remote is not None:
         return remote
-    ref = await asyncio.to_thread(engine.store.resolve, body.which(), paths=False)
+    ref = await asyncio.to_thread(engine.resolve, body.which(), paths=False)
     meta = await asyncio.to_thread(meta_of, ref)
     rec = await asyncio.to_thread(recommended, ref)  # the model's own, where it has some
     defaults = SamplingParams.asked().with_defaults(rec.values)
@@ -488,21 +488,27 @@ async def show(body: NameBody, request: Request) -> JSONResponse:
     )
 
 
-def _loaded_ctx(engine: Engine, name: str) -> int | None:
-    return next((r["n_ctx"] for r in engine.resident() if r["model"] == name), None)
+def _loaded_ctx(engine: EngineClient, name: str) -> int | None:
+    return engine.status().n_ctx_of(name)
 
 
 @router.get("/api/ps")
 async def ps(request: Request) -> JSONResponse:
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
+    rows = await asyncio.to_thread(_ps_rows, engine)
+    return JSONResponse({"models": rows})
+
+
+def _ps_rows(engine: EngineClient) -> list[dict[str, Any]]:
+    """/api/ps's rows (reads each model's header: on a thread)."""
     rows = []
     now = datetime.datetime.now(datetime.timezone.utc)
     forever = now + datetime.timedelta(days=365 * 100)
-    for row in engine.resident():
-        if row.get("draft_for"):
+    for row in engine.status().resident():
+        if row["draft_for"]:
             continue
         try:
-            ref = engine.store.resolve(row["model"], paths=False)
+            ref = engine.resolve(row["model"], paths=False)
             meta = meta_of(ref)
         except (ModelNotFound, OSError):
             continue
@@ -521,7 +527,7 @@ async def ps(request: Request) -> JSONResponse:
                 "context_length": row["n_ctx"],
             }
         )
-    return JSONResponse({"models": rows})
+    return rows
 
 
 @router.post("/api/chat", response_model=None)
@@ -616,9 +622,9 @@ async def pull(body: PullBody, request: Request) -> JSONResponse | StreamingResp
 @router.delete("/api/delete")
 async def delete(body: NameBody, request: Request) -> JSONResponse:
     """Remove a model from localllm's own store (never another tool's files)."""
-    engine: Engine = request.app.state.engine
+    engine: EngineClient = request.app.state.engine
     name = body.which()
-    ref = await asyncio.to_thread(engine.store.resolve, name, paths=False)
+    ref = await asyncio.to_thread(engine.resolve, name, paths=False)
     await asyncio.to_thread(engine.unload, ref.name)
-    await asyncio.to_thread(engine.store.remove, ref)
+    await asyncio.to_thread(engine.remove, ref)
     return JSONResponse({})

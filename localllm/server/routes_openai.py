@@ -12,8 +12,8 @@ from localllm.backends import reasoning
 from localllm.backends.base import Chunk, TokenLogprob, ToolCall
 from localllm.backends.tools import ReplyReader, ToolFormat
 from localllm.config import Settings
+from localllm.engine.client import EngineClient
 from localllm.engine.stream import ChunkStream, Started
-from localllm.engine.worker import Engine
 from localllm.engine.worker import Request as EngineRequest
 from localllm.errors import LocalLLMError
 from localllm.server import protocol as wire
@@ -24,8 +24,8 @@ router = APIRouter()
 IDLE_WAKE_S = 30.0  # a non-streaming reader only needs waking for the final chunk
 
 
-def _engine(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
+def _engine(request: Request) -> EngineClient:
+    engine: EngineClient = request.app.state.engine
     return engine
 
 
@@ -239,12 +239,12 @@ def fallback_field(started: Started) -> dict[str, str | None]:
     return {"requested": started.fallback_from, "model": started.model, "reason": started.note}
 
 
-def _model_rows(engine: Engine) -> dict[str, Any]:
-    loaded = {row["model"]: row for row in engine.resident() if not row.get("draft_for")}
+def _model_rows(engine: EngineClient) -> dict[str, Any]:
+    loaded = {row["model"]: row for row in engine.status().resident() if not row["draft_for"]}
     created = wire.now()
     rows: list[dict[str, Any]] = []
     seen = set()
-    for ref in engine.store.models():
+    for ref in engine.models():
         if ref.name in seen:
             continue
         seen.add(ref.name)
@@ -277,21 +277,22 @@ def _model_rows(engine: Engine) -> dict[str, Any]:
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
     engine = _engine(request)
-    ref = engine.model_ref
+    status = engine.status()
+    ref = status.model_ref
     body = {
-        "status": "ok" if engine.state == "ready" else engine.state,
+        "status": "ok" if status.state == "ready" else status.state,
         "model": ref.name if ref else None,
-        "queued": engine.outstanding,
-        "activity": engine.activity(),
-        "totals": dict(engine.totals),
-        "prompt_cache": engine.cache.stats(),
-        "models": engine.resident(),
+        "queued": status.queued,
+        "activity": dict(status.activity),
+        "totals": dict(status.totals),
+        "prompt_cache": dict(status.prompt_cache),
+        "models": status.resident(),
         "remotes": engine.remotes.status(),
     }
-    if engine.dead is not None:
-        body["error"] = f"the engine stopped: {engine.dead}; restart localllm"
-    elif engine.last_error and engine.state == "ready":
-        body["last_load_error"] = engine.last_error  # another model failed; this one serves
-    elif engine.last_error:
-        body["error"] = engine.last_error
-    return JSONResponse(body, status_code=200 if engine.state == "ready" else 503)
+    if status.dead is not None:
+        body["error"] = f"the engine stopped: {status.dead}; restart localllm"
+    elif status.last_error and status.state == "ready":
+        body["last_load_error"] = status.last_error  # another model failed; this one serves
+    elif status.last_error:
+        body["error"] = status.last_error
+    return JSONResponse(body, status_code=200 if status.state == "ready" else 503)

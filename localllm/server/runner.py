@@ -15,7 +15,7 @@ import uvicorn
 
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting
-from localllm.engine.worker import Engine
+from localllm.engine.client import EngineClient
 from localllm.errors import ConfigError
 from localllm.server.app import create_app
 
@@ -99,7 +99,7 @@ def check_exposure(settings: Settings, accounting: Accounting) -> None:
     )
 
 
-def make_server(settings: Settings, engine: Engine, accounting: Accounting) -> QuietServer:
+def make_server(settings: Settings, engine: EngineClient, accounting: Accounting) -> QuietServer:
     """The endpoint's server. On SIGTERM or Ctrl-C it stops taking requests and gives the
     running ones `drain_s` seconds to finish; then it cancels them."""
     config = uvicorn.Config(
@@ -115,7 +115,7 @@ def make_server(settings: Settings, engine: Engine, accounting: Accounting) -> Q
 class BackgroundEndpoint:
     """The endpoint on its own thread and event loop, sharing the caller's engine."""
 
-    def __init__(self, settings: Settings, engine: Engine, accounting: Accounting) -> None:
+    def __init__(self, settings: Settings, engine: EngineClient, accounting: Accounting) -> None:
         self.settings = settings
         self.url = settings.base_url()
         self.error: str | None = None

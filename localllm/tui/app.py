@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +31,7 @@ from textual.widgets.option_list import Option, OptionDoesNotExist
 from localllm.backends import reasoning
 from localllm.backends.base import (
     Chunk,
-    LoadedModel,
+    CoreModel,
     Message,
     ModelInfo,
     ModelRef,
@@ -39,9 +39,10 @@ from localllm.backends.base import (
 )
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting
+from localllm.engine.client import EngineClient
 from localllm.engine.speculative import configured_draft
 from localllm.engine.stream import ChunkStream
-from localllm.engine.worker import Engine, Request
+from localllm.engine.worker import Request
 from localllm.errors import ContextOverflow, LocalLLMError
 from localllm.hardware import available_memory, process_memory
 from localllm.history import Conversation, History
@@ -61,7 +62,7 @@ from localllm.tui.widgets.messages import ChatMessage, speculation_text
 from localllm.tui.widgets.status import StatusBar
 
 
-def activity_label(activity: dict[str, Any]) -> str:
+def activity_label(activity: Mapping[str, Any]) -> str:
     """'3 running, 1 waiting, reading 384/1600': the engine's requests (this chat's and
     every client's), empty when idle."""
     running, waiting = int(activity.get("active", 0)), int(activity.get("queued", 0))
@@ -132,7 +133,7 @@ class ChatApp(App[None]):
     def __init__(
         self,
         settings: Settings,
-        engine: Engine,
+        engine: EngineClient,
         *,
         history: History,
         serve: bool = True,
@@ -146,7 +147,8 @@ class ChatApp(App[None]):
         self.engine = engine
         self._own_accounting = accounting is None
         self.accounting = accounting or Accounting.for_settings(settings)
-        engine.observers.append(self.accounting.observe)  # the chat's and its endpoint's
+        # the chat's and its endpoint's requests are counted
+        self._stop_observing = engine.observe(self.accounting.observe)
         self.history = history
         self.serve = serve
         # a remote engine's model the chat talks to (NAME/MODEL); None: the loaded model
@@ -231,15 +233,14 @@ class ChatApp(App[None]):
 
     def refresh_memory(self) -> None:
         self.status.memory = f"mem {format_bytes(process_memory())}"
-        self.status.activity = activity_label(self.engine.activity())
+        self.status.activity = activity_label(self.engine.status().activity)
 
     async def on_unmount(self) -> None:
         if self._stream is not None:
             self._stream.cancel()
         if self.endpoint is not None:
             await asyncio.to_thread(self.endpoint.stop)
-        with contextlib.suppress(ValueError):
-            self.engine.observers.remove(self.accounting.observe)
+        self._stop_observing()
         if self._own_accounting:
             self.accounting.close()
 
@@ -259,7 +260,7 @@ class ChatApp(App[None]):
         except LocalLLMError as exc:
             self.call_from_thread(self._load_failed, exc.message)
             return
-        ref = self.engine.model_ref
+        ref = self.engine.status().model_ref
 
         def done() -> None:
             self.status.state = ""
@@ -296,7 +297,7 @@ class ChatApp(App[None]):
             plan = hub.plan_pull(spec)
             total = plan.total or None
             self.call_from_thread(self._pull_progress, spec, 0, total)
-            hub.pull(plan, self.engine.store.models_dir, progress=progress)
+            hub.pull(plan, self.settings.models_dir, progress=progress)
         except LocalLLMError as exc:
             self.call_from_thread(self._pull_done, spec, f"Could not pull {spec}: {exc.message}")
             return
@@ -367,7 +368,7 @@ class ChatApp(App[None]):
 
     def _show_context(self) -> None:
         """Context used by the conversation's last answer, against the loaded context size."""
-        info = self.engine.model_info
+        info = self.engine.status().model_info
         if info is None or self.conv is None:
             return
         stats = next(
@@ -450,7 +451,7 @@ class ChatApp(App[None]):
         """A note of what each @file adds to the prompt, in the model's tokens."""
         notes = []
         for name, text in attached.files:
-            if self.remote_model is None and self.engine.model_info is not None:
+            if self.remote_model is None and self.engine.status().model_info is not None:
                 n = await asyncio.to_thread(self.engine.with_model, None, _counter(text))
                 notes.append(f"{name} ({n:,} tokens)")
             else:
@@ -504,16 +505,17 @@ class ChatApp(App[None]):
     async def _ensure_model_settings(self, conv: Conversation) -> None:
         """Reload the model when the conversation asks for another context size or backend."""
         want, backend = conv.settings.n_ctx, conv.settings.backend or self.settings.backend
-        info = self.engine.model_info
+        status = self.engine.status()
+        info = status.model_info
         if info is None or self.remote_model is not None:
             return
         other_ctx = bool(want) and info.n_ctx != want
-        other_backend = backend != self.engine.backend_preference
+        other_backend = backend != status.backend_preference
         if other_ctx or other_backend:
             what = f"a {want}-token context" if other_ctx else f"backend {backend}"
             self.status.state = f"reloading with {what}"
             info = await asyncio.to_thread(
-                self.engine.load, self.engine.model_ref, n_ctx=want, backend=backend
+                self.engine.load, status.model_ref, n_ctx=want, backend=backend
             )
             self.status.state = ""
             self.status.device = device_label(info)
@@ -653,9 +655,10 @@ class ChatApp(App[None]):
             self.history.update(mid, answer.content, stats)
             answer.set_stats(stats)
             local = self.remote_model is None
-            if final is not None and final.stats is not None and self.engine.model_info and local:
+            info = self.engine.status().model_info
+            if final is not None and final.stats is not None and info is not None and local:
                 used = final.stats.prompt_tokens + final.stats.generated_tokens
-                self.status.context = f"ctx {used}/{self.engine.model_info.n_ctx}"
+                self.status.context = f"ctx {used}/{info.n_ctx}"
                 self.status.speculation = (
                     speculation_text(stats) if stats and stats.get("draft_proposed") else ""
                 )
@@ -737,21 +740,21 @@ class ChatApp(App[None]):
     # -- models and settings ---------------------------------------------------------
     @work(exclusive=True, group="dialog")
     async def action_models(self) -> None:
-        refs = self.engine.store.models()
-        draft = configured_draft(self.settings, self.engine.store)
+        engine = self.engine
+        refs = await asyncio.to_thread(engine.models)
+        draft = await asyncio.to_thread(configured_draft, self.settings, engine)
         rows = await asyncio.to_thread(lambda: [describe(r, draft=draft) for r in refs])
-        rows += [remote_row(m) for m in await self.engine.remotes.models()]
-        current = self.remote_model or (
-            self.engine.model_ref.name if self.engine.model_ref else None
-        )
-        loaded = frozenset(str(row["model"]) for row in self.engine.resident())
+        rows += [remote_row(m) for m in await engine.remotes.models()]
+        status = engine.status()
+        current = self.remote_model or (status.model_ref.name if status.model_ref else None)
+        loaded = frozenset(row.model for row in status.loaded)
         picker = ModelPicker(
             rows,
             available_memory(),
             current,
             show_free=self.live_status,
             loaded=loaded,
-            models_dir=self.engine.store.models_dir,
+            models_dir=self.settings.models_dir,
             draft=draft,
         )
         choice = await self.push_screen_wait(picker)
@@ -775,7 +778,7 @@ class ChatApp(App[None]):
     async def action_settings(self) -> None:
         if self.conv is None:
             return
-        rec = None if self.remote_model is not None else self.engine.sampling
+        rec = None if self.remote_model is not None else self.engine.status().sampling
         new = await self.push_screen_wait(SettingsScreen(self.conv.settings, rec))
         if new is not None:
             self.history.save_settings(self.conv.id, new)
@@ -802,10 +805,10 @@ def _stored(thoughts: list[str], parts: list[str]) -> str:
     return f"{reasoning.OPEN}{thought}{reasoning.CLOSE}\n\n{text}"
 
 
-def _counter(text: str) -> Callable[[LoadedModel], int]:
+def _counter(text: str) -> Callable[[CoreModel], int]:
     """How many tokens `text` is for a model (run on the engine's worker)."""
 
-    def count(model: LoadedModel) -> int:
+    def count(model: CoreModel) -> int:
         return len(model.tokenize(text))
 
     return count

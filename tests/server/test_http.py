@@ -188,7 +188,8 @@ def test_non_streaming_client_that_leaves_cancels_too(server: ServerProcess):
         time.sleep(0.05)
     after = server.health()["totals"]
     assert after["cancelled"] == before["cancelled"] + 1
-    assert after["generated_tokens"] - before["generated_tokens"] < 400
+    # it ended before its limit (not a speed: test_engine_fake.py holds a model mid-answer)
+    assert after["generated_tokens"] - before["generated_tokens"] < body["max_tokens"]
 
 
 def test_priority_and_deterministic_fields(server: ServerProcess):
