@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -55,7 +56,7 @@ def _fast_tier_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     if not FAST:
         return
 
-    def refuse(what: str, marker: str):  # type: ignore[no-untyped-def]
+    def refuse(what: str, marker: str):
         def refused(*_args: object, **_kwargs: object) -> None:
             raise RuntimeError(f"the fast tier cannot {what}: mark the test `{marker}`")
 
@@ -131,6 +132,27 @@ def settings(tmp_path: Path) -> Settings:
 @pytest.fixture
 def store(settings: Settings, tmp_path: Path) -> ModelStore:
     return ModelStore(settings.models_dir, hf_cache=tmp_path / "hf")
+
+
+def body_of(error: Any) -> dict[str, Any]:
+    """The JSON body of an `openai` or `anthropic` SDK's API error."""
+    body = error.body
+    assert isinstance(body, dict), body
+    return body
+
+
+def extra_of(model: Any) -> dict[str, Any]:
+    """The fields an SDK's reply type does not declare (our extensions)."""
+    extra = model.model_extra
+    assert extra is not None
+    return dict(extra)
+
+
+def usage_of(reply: Any) -> Any:
+    """An `openai` or `anthropic` reply's usage, which their types leave optional."""
+    usage = reply.usage
+    assert usage is not None
+    return usage
 
 
 def free_port() -> int:

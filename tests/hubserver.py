@@ -149,7 +149,8 @@ class HubServer:
             return
         api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/[^/]+)?", path)
         resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
-        name = (api or resolve).group(1) if (api or resolve) else ""
+        found = api or resolve
+        name = found.group(1) if found else ""
         repo = self.repos.get(name)
         if repo is None:
             self._error(h, 404, "RepoNotFound", body)
@@ -230,7 +231,7 @@ class HubServer:
             h.connection.sendfile(fh, start, count)
 
 
-def wait_for(predicate, timeout: float = 30.0) -> bool:  # type: ignore[no-untyped-def]
+def wait_for(predicate, timeout: float = 30.0) -> bool:
     """Poll until predicate() is true or the timeout passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
@@ -125,7 +125,7 @@ class EngineClient(Protocol):
 
     def generate(
         self, request: Request, *, cancel: threading.Event | None = None
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         """submit() for synchronous callers: yields chunks, raises the request's error."""
         ...
 

@@ -338,7 +338,7 @@ class PromptCache:
     def disk_bytes(self) -> int:
         return sum(self._size(e) for slot in self._slots.values() for e in slot.disk.values())
 
-    def stats(self) -> dict[str, object]:
+    def stats(self) -> dict[str, float]:
         """Figures for /health (read from another thread: retried if a dict moves under it)."""
         for _ in range(5):
             try:
@@ -347,7 +347,7 @@ class PromptCache:
                 continue
         return {}
 
-    def _stats(self) -> dict[str, object]:
+    def _stats(self) -> dict[str, float]:
         return {
             "ram_entries": len(self._ram),
             "ram_bytes": self.ram_bytes,

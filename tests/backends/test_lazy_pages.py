@@ -162,4 +162,8 @@ def test_a_load_beside_a_thread_that_allocates_and_writes_loses_none_of_its_data
         worker.join()
     assert not problems, problems
     assert checked[0] > 3  # the other thread did run beside the loads
-    assert all(r >= 4096 * 30 * 2 * 3 * 64 * 2 for r in released)  # and pages went back
+    # each load gave back its KV buffer's pages, or (when a zero buffer of the other
+    # thread's lay beside it at that moment, making the zero run longer) none: never
+    # other bytes (that a lone load gives them back: the test above)
+    kv = 4096 * 30 * 2 * 3 * 64 * 2
+    assert all(r in (0, kv) for r in released), released

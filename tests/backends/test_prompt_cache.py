@@ -5,13 +5,13 @@ The backend half (save/restore gives a cold run's tokens) is in the contract sui
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from localllm.backends import get_backend
-from localllm.backends.base import Chunk, Message, SamplingParams
+from localllm.backends.base import Chunk, LoadedModel, Message, SamplingParams
 from localllm.config import Settings
 from localllm.engine.worker import Engine, Request
 from localllm.errors import ContextOverflow
@@ -64,6 +64,11 @@ def cold_answer(cold: Engine, messages: list[Message]) -> list[int]:
     return tokens
 
 
+def length_of(messages: list[Message]) -> Callable[[LoadedModel], int]:
+    """How many tokens a chat renders to on a model (for Engine.with_model)."""
+    return lambda model: len(model.render_chat(messages))
+
+
 def test_four_interleaved_conversations_all_hit(tmp_path: Path, cold: Engine):
     engine = make(tmp_path)
     try:
@@ -73,9 +78,7 @@ def test_four_interleaved_conversations_all_hit(tmp_path: Path, cold: Engine):
             msgs = conversation(topic, 2)
             tokens, final = ask(engine, msgs)
             assert final.stats is not None
-            first_turn = engine.model_info and len(
-                engine._default.model.render_chat(conversation(topic, 1))  # type: ignore[union-attr]
-            )
+            first_turn = engine.with_model(None, length_of(conversation(topic, 1)))
             assert final.stats.cached_tokens >= (first_turn - 1) // 64 * 64 > 0, topic
             assert tokens == cold_answer(cold, msgs), topic
         stats = engine.cache.stats()

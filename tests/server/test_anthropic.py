@@ -5,10 +5,11 @@ from __future__ import annotations
 import anthropic
 import jsonschema
 import pytest
+from anthropic.types import MessageParam, ToolParam
 
 from tests.conftest import ServerProcess
 
-WEATHER = {"name": "get_weather", "description": "Current weather in a city",
+WEATHER: ToolParam = {"name": "get_weather", "description": "Current weather in a city",
            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
                             "required": ["city"]}}
 
@@ -35,19 +36,19 @@ def test_message_plain_and_streamed(client: anthropic.Anthropic):
     assert streamed == block.text
     assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 8
     # the same prompt again is read from the prompt cache, and the usage says so
-    assert final.usage.cache_read_input_tokens > 0
+    assert (final.usage.cache_read_input_tokens or 0) > 0
 
 
 def test_tool_use_round_trip(client: anthropic.Anthropic):
-    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    ask: list[MessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
     msg = client.messages.create(
         model="starter", max_tokens=200, extra_body={"temperature": 0}, tools=[WEATHER],
         tool_choice={"type": "any", "disable_parallel_tool_use": True}, messages=ask)
     assert msg.stop_reason == "tool_use"
     (use,) = [b for b in msg.content if b.type == "tool_use"]
     assert use.name == "get_weather" and use.id
-    jsonschema.validate(use.input, WEATHER["input_schema"])
-    history = [*ask, {"role": "assistant", "content": msg.content},
+    jsonschema.validate(use.input, dict(WEATHER["input_schema"]))
+    history: list[MessageParam] = [*ask, {"role": "assistant", "content": msg.content},
                {"role": "user", "content": [
                    {"type": "tool_result", "tool_use_id": use.id, "content": "18 C, cloudy"}]}]
     answer = client.messages.create(
@@ -62,7 +63,7 @@ def test_tool_use_round_trip(client: anthropic.Anthropic):
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use"
     (use,) = [b for b in final.content if b.type == "tool_use"]
-    jsonschema.validate(use.input, WEATHER["input_schema"])
+    jsonschema.validate(use.input, dict(WEATHER["input_schema"]))
     counted = client.messages.count_tokens(model="starter", messages=history, tools=[WEATHER])
     assert counted.input_tokens > 20
 
@@ -73,6 +74,7 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic):
                                messages=[{"role": "user", "content": "hi"}],
                                extra_body={"thinking": {"type": "enabled", "budget_tokens": 1024}})
     body = info.value.body
+    assert isinstance(body, dict)
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
     assert "thinking" in body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.conftest import ServerProcess
 
@@ -23,8 +24,9 @@ def truncating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProce
     srv.stop()
 
 
-def chat(topic: str, turns: int) -> list[dict[str, str]]:
-    msgs = [{"role": "system", "content": f"You know {topic}. Answer briefly. " * 6}]
+def chat(topic: str, turns: int) -> list[ChatCompletionMessageParam]:
+    system = f"You know {topic}. Answer briefly. " * 6
+    msgs: list[ChatCompletionMessageParam] = [{"role": "system", "content": system}]
     for i in range(turns):
         msgs.append({"role": "user", "content": f"Fact {i + 1} about {topic}, please."})
         if i < turns - 1:
@@ -52,7 +54,8 @@ def test_cache_figures_in_health_and_ps(truncating: ServerProcess):
     for topic in ("rivers", "deserts", "rivers"):  # the third request restores the first
         r = client.chat.completions.create(model="starter", messages=chat(topic, 1),
                                            max_tokens=2, temperature=0)
-    assert r.usage.prompt_tokens_details.cached_tokens > 0
+    details = r.usage.prompt_tokens_details if r.usage else None
+    assert details is not None and (details.cached_tokens or 0) > 0
     cache = truncating.health()["prompt_cache"]
     assert cache["restored"] >= 1 and cache["ram_entries"] >= 1 and cache["hits"] >= 1
     env = {**os.environ, "LOCALLLM_PORT": str(truncating.port)}

@@ -39,9 +39,9 @@ def test_suffix_builds_the_fim_prompt(fim_server: ServerProcess, loaded: LoadedM
     r = client.completions.create(model="fim-starter", prompt=prefix, suffix=suffix,
                                   max_tokens=6, temperature=0)
     expected = len(loaded.tokenize(prefix)) + len(loaded.tokenize(suffix)) + 3
-    assert r.usage.prompt_tokens == expected
+    assert r.usage is not None and r.usage.prompt_tokens == expected
     assert r.usage.completion_tokens >= 1
     assert r.choices[0].finish_reason in ("stop", "length")
     plain = client.completions.create(model="fim-starter", prompt=prefix, max_tokens=6,
                                       temperature=0)
-    assert plain.usage.prompt_tokens == len(loaded.tokenize(prefix))
+    assert plain.usage is not None and plain.usage.prompt_tokens == len(loaded.tokenize(prefix))

@@ -9,6 +9,7 @@ completion's quality.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -29,7 +30,7 @@ CHUNKS = [{"filename": f"src/mod{i}.py",
            "text": f"def helper_{i}(x):\n    return x * {i} + {i * 7}\n\n" * 3}
           for i in range(8)]
 # the body llama.vim sends (its fields, its response_fields)
-LLAMA_VIM = {
+LLAMA_VIM: dict[str, Any] = {
     "input_prefix": "import math\n\ndef area(r):\n",
     "input_suffix": "\n\nprint(area(2))\n",
     "input_extra": CHUNKS,

@@ -7,14 +7,17 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from localllm.backends.common import ALIGN
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, usage_of
 
 pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
 
-ASK = [{"role": "system", "content": "You answer questions about nature briefly. " * 8},
-       {"role": "user", "content": "What color is the sky?"}]
+ASK: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "You answer questions about nature briefly. " * 8},
+    {"role": "user", "content": "What color is the sky?"},
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +35,19 @@ def test_chat_on_mlx(mlx_server: ServerProcess):
                                           temperature=0)
     text = full.choices[0].message.content
     assert text and "sky" in text.lower()
-    assert full.usage.completion_tokens == 8 and full.choices[0].finish_reason == "length"
-    parts, usage = [], None
+    assert usage_of(full).completion_tokens == 8 and full.choices[0].finish_reason == "length"
+    parts: list[str] = []
+    usage = None
     for ev in client.chat.completions.create(model="starter", messages=ASK, max_tokens=8,
                                              temperature=0, stream=True,
                                              stream_options={"include_usage": True}):
         usage = ev.usage or usage
         parts.extend(ch.delta.content or "" for ch in ev.choices)
     assert "".join(parts) == text  # streamed and whole answers agree
-    assert usage is not None and usage.prompt_tokens == full.usage.prompt_tokens
+    assert usage is not None and usage.prompt_tokens == usage_of(full).prompt_tokens
     assert usage.prompt_tokens > ALIGN
     # the same prompt again: read from the KV cache, all but its last token
+    assert usage.prompt_tokens_details is not None
     assert usage.prompt_tokens_details.cached_tokens == usage.prompt_tokens - 1
     health = mlx_server.health()
     assert health["status"] == "ok"
@@ -67,25 +72,34 @@ def test_constrained_output_on_mlx(mlx_server: ServerProcess):
     import jsonschema
 
     client = openai.OpenAI(base_url=mlx_server.base + "/v1", api_key="unused", max_retries=0)
-    schema = {"type": "object", "properties": {"color": {"enum": ["blue", "grey", "red"]},
-                                               "why": {"type": "string", "maxLength": 40}},
-              "required": ["color", "why"]}
+    schema: dict[str, object] = {
+        "type": "object",
+        "properties": {"color": {"enum": ["blue", "grey", "red"]},
+                       "why": {"type": "string", "maxLength": 40}},
+        "required": ["color", "why"],
+    }
     r = client.chat.completions.create(
         model="starter", messages=ASK, temperature=0.7, seed=1, max_tokens=60,
         response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
         logprobs=True)
     assert r.choices[0].finish_reason == "stop"
-    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
-    assert len(r.choices[0].logprobs.content) == r.usage.completion_tokens
-    tools = [{"type": "function", "function": {"name": "look_up", "parameters": {
-        "type": "object", "properties": {"topic": {"type": "string", "maxLength": 30}},
-        "required": ["topic"]}}}]
+    content, logprobs = r.choices[0].message.content, r.choices[0].logprobs
+    assert content is not None and logprobs is not None and logprobs.content is not None
+    jsonschema.validate(json.loads(content), schema)
+    assert len(logprobs.content) == usage_of(r).completion_tokens
+    topic: dict[str, object] = {"type": "object",
+                                "properties": {"topic": {"type": "string", "maxLength": 30}},
+                                "required": ["topic"]}
+    tools: list[ChatCompletionToolParam] = [
+        {"type": "function", "function": {"name": "look_up", "parameters": topic}}
+    ]
     call = client.chat.completions.create(
         model="starter", messages=ASK, tools=tools, tool_choice="required",
         parallel_tool_calls=False, temperature=0, max_tokens=60)
     assert call.choices[0].finish_reason == "tool_calls"
-    (made,) = call.choices[0].message.tool_calls
-    assert made.function.name == "look_up" and "topic" in json.loads(made.function.arguments)
+    (made,) = call.choices[0].message.tool_calls or []
+    assert made.type == "function" and made.function.name == "look_up"
+    assert "topic" in json.loads(made.function.arguments)
 
 
 def test_embeddings_refused_on_mlx(mlx_server: ServerProcess):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import jsonschema
@@ -15,7 +16,7 @@ from tests.conftest import ServerProcess
 # VS Code Copilot (BYOK, Ollama provider): discovery
 COPILOT_SHOW = {"model": "starter"}
 # Zed's assistant panel: a streamed chat with tools and its context window
-ZED_CHAT = {
+ZED_CHAT: dict[str, Any] = {
     "model": "starter:latest",
     "messages": [
         {"role": "system", "content": "You are a helpful assistant.", "images": None},

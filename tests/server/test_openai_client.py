@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, usage_of
 
 
 @pytest.fixture(scope="module")
@@ -13,8 +14,10 @@ def client(server: ServerProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
 
 
-MSG = [{"role": "system", "content": "You are a zoologist who answers briefly. " * 6},
-       {"role": "user", "content": "Name three animals."}]
+MSG: list[ChatCompletionMessageParam] = [
+    {"role": "system", "content": "You are a zoologist who answers briefly. " * 6},
+    {"role": "user", "content": "Name three animals."},
+]
 
 
 def test_models_and_health(client: openai.OpenAI, server: ServerProcess):
@@ -28,7 +31,8 @@ def test_greedy_stream_equals_non_stream(client: openai.OpenAI):
                                           temperature=0)
     again = client.chat.completions.create(model="starter", messages=MSG, max_tokens=24,
                                            temperature=0)
-    parts, finish, usage = [], None, None
+    parts: list[str] = []
+    finish, usage = None, None
     for ev in client.chat.completions.create(model="starter", messages=MSG, max_tokens=24,
                                              temperature=0, stream=True,
                                              stream_options={"include_usage": True}):
@@ -41,10 +45,11 @@ def test_greedy_stream_equals_non_stream(client: openai.OpenAI):
     assert text and text == again.choices[0].message.content
     assert "".join(parts) == text
     assert finish == full.choices[0].finish_reason
-    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
-    assert usage.prompt_tokens == full.usage.prompt_tokens
+    assert usage is not None and usage.completion_tokens == usage_of(full).completion_tokens
+    assert usage.prompt_tokens == usage_of(full).prompt_tokens
     # the identical prompt was served from the KV cache the second and third time, all of it
     # but its last token (whose logits pick the first answer token)
+    assert usage.prompt_tokens_details is not None
     cached = usage.prompt_tokens_details.cached_tokens
     assert cached == usage.prompt_tokens - 1
 
@@ -54,15 +59,18 @@ def test_max_tokens_gives_length_with_exactly_that_many(client: openai.OpenAI):
         messages=[{"role": "user", "content": "Write a long story about a castle."}],
         model="starter", max_completion_tokens=9, temperature=0)
     assert r.choices[0].finish_reason == "length"
-    assert r.usage.completion_tokens == 9
-    assert r.usage.total_tokens == r.usage.prompt_tokens + 9
+    usage = usage_of(r)
+    assert usage.completion_tokens == 9
+    assert usage.total_tokens == usage.prompt_tokens + 9
 
 
 def test_stop_strings_string_and_list(client: openai.OpenAI):
-    prompt = [{"role": "user", "content": "Count from 1 to 10, separated by commas."}]
+    prompt: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Count from 1 to 10, separated by commas."}
+    ]
     free = client.chat.completions.create(model="starter", messages=prompt, max_tokens=30,
                                           temperature=0).choices[0].message.content
-    assert "5" in free
+    assert free is not None and "5" in free
     for stop in ("5", ["zzz", "5"]):
         r = client.chat.completions.create(model="starter", messages=prompt, max_tokens=30,
                                            temperature=0, stop=stop)
@@ -96,7 +104,7 @@ def test_completions_with_seed_repeat(client: openai.OpenAI):
     a = client.completions.create(**kw)  # type: ignore[call-overload]
     b = client.completions.create(**kw)  # type: ignore[call-overload]
     assert a.choices[0].text == b.choices[0].text
-    assert a.object == "text_completion" and a.usage.completion_tokens <= 10
+    assert a.object == "text_completion" and usage_of(a).completion_tokens <= 10
 
 
 def test_unknown_model_is_404_listing_local_models(client: openai.OpenAI):

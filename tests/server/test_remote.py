@@ -14,13 +14,14 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from localllm.backends.base import ModelRef
-from tests.conftest import ServerProcess, free_port
+from tests.conftest import ServerProcess, body_of, extra_of, free_port, usage_of
 from tests.remote_engines import LlamaCppServer
 from tests.server.test_tools import TOOLS, WEATHER_PARAMS
 
-ASK = [{"role": "user", "content": "Say hello to the team."}]
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Say hello to the team."}]
 
 
 class Scripted(BaseHTTPRequestHandler):
@@ -114,7 +115,7 @@ def test_remote_models_are_listed(engines: dict):
     front = engines["front"]
     ids = {m.id: m for m in client_of(front.base).models.list()}
     assert {"starter", "team/smol", "box/starter", "flaky/canned", "gone/big"} <= set(ids)
-    assert ids["flaky/canned"].model_extra["context_length"] == 4096  # vLLM's max_model_len
+    assert extra_of(ids["flaky/canned"])["context_length"] == 4096  # vLLM's max_model_len
     tags = httpx.get(front.base + "/api/tags", timeout=10).json()["models"]
     assert "team/smol" in {t["name"] for t in tags}
     show = httpx.post(front.base + "/api/show", json={"model": "team/smol"}, timeout=10).json()
@@ -153,8 +154,9 @@ def test_engine_usage_and_retry_after(engines: dict):
     front = engines["front"]
     reply = client_of(front.base).chat.completions.create(model="flaky/canned", messages=ASK)
     assert reply.choices[0].message.content == "Hello team"
-    assert reply.usage.prompt_tokens == 7 and reply.usage.completion_tokens == 2
-    assert reply.usage.prompt_tokens_details.cached_tokens == 5
+    usage = usage_of(reply)
+    assert usage.prompt_tokens == 7 and usage.completion_tokens == 2
+    assert usage.prompt_tokens_details.cached_tokens == 5
     metrics = httpx.get(front.base + "/metrics", timeout=10).text
     line = next(x for x in metrics.splitlines() if x.startswith("localllm_tokens_total{")
                 and 'model="flaky/canned"' in x and 'kind="completion"' in x)
@@ -166,16 +168,17 @@ def test_engine_refusal_is_passed_on(engines: dict):
     400 with the engine's own message; an engine that closes the stream without an
     answer (llama-cpp-python does so for the same prompt) is a 502 that says so, not an
     empty answer."""
-    long = [{"role": "user", "content": "word " * 9000}]
+    long: list[ChatCompletionMessageParam] = [{"role": "user", "content": "word " * 9000}]
     client = client_of(engines["front"].base)
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="box/starter", messages=long, max_tokens=4)
-    body = err.value.body
+    body = body_of(err.value)
     assert body["code"] == "remote_rejected"
     assert "context window is 8192 tokens" in body["message"] and "'box'" in body["message"]
-    with pytest.raises(openai.APIStatusError) as err:
+    with pytest.raises(openai.APIStatusError) as failed:
         client.chat.completions.create(model="team/smol", messages=long, max_tokens=4)
-    assert err.value.status_code == 502 and "without finishing" in err.value.body["message"]
+    assert failed.value.status_code == 502
+    assert "without finishing" in body_of(failed.value)["message"]
 
 
 def test_down_engine_is_503_then_marked_down(engines: dict):
@@ -185,28 +188,30 @@ def test_down_engine_is_503_then_marked_down(engines: dict):
         with pytest.raises(openai.InternalServerError) as err:
             client.chat.completions.create(model="dead/big", messages=ASK)
         assert err.value.status_code == 503
-        assert err.value.body["code"] == "remote_unavailable"
-        assert "cannot connect" in err.value.body["message"]
+        assert body_of(err.value)["code"] == "remote_unavailable"
+        assert "cannot connect" in body_of(err.value)["message"]
     row = next(r for r in front.health()["remotes"] if r["name"] == "dead")
     assert row["state"] == "down" and row["failures"] == 2 and row["down_for_s"] > 500
     with pytest.raises(openai.InternalServerError) as err:  # refused here, not tried
         client.chat.completions.create(model="dead/big", messages=ASK)
-    assert "marked down after 2 failures" in err.value.body["message"]
+    assert "marked down after 2 failures" in body_of(err.value)["message"]
 
 
 def test_fallback_answers_and_says_so(engines: dict):
     reply = client_of(engines["front"].base).chat.completions.create(
         model="gone/big", messages=ASK, max_tokens=8, temperature=0)
     assert reply.model == "starter" and reply.choices[0].message.content
-    assert reply.model_extra["fallback"]["requested"] == "gone/big"
-    assert "cannot connect" in reply.model_extra["fallback"]["reason"]
+    assert extra_of(reply)["fallback"]["requested"] == "gone/big"
+    assert "cannot connect" in extra_of(reply)["fallback"]["reason"]
 
 
 def test_auto_routes_by_rule(engines: dict):
     client = client_of(engines["front"].base)
     short = client.chat.completions.create(model="auto", messages=ASK, max_tokens=4)
     assert short.model == "starter"
-    long = [{"role": "user", "content": "Summarise this: " + "the cat sat on the mat. " * 12}]
+    long: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Summarise this: " + "the cat sat on the mat. " * 12}
+    ]
     routed = client.chat.completions.create(model="auto", messages=long, max_tokens=4)
     assert routed.model == "team/smol"
 
@@ -221,9 +226,9 @@ def test_tool_calls_through_a_remote(engines: dict):
         temperature=0)
     assert reply.model == "box/starter"
     choice = reply.choices[0]
-    assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
-    call = choice.message.tool_calls[0]
-    assert call.function.name == "get_weather"
+    (call,) = choice.message.tool_calls or []
+    assert choice.finish_reason == "tool_calls"
+    assert call.type == "function" and call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER_PARAMS)
     streamed = [e for e in client.chat.completions.create(
         model="box/starter", messages=[{"role": "user", "content": "Weather in Oslo?"}],
@@ -289,7 +294,7 @@ def test_localllm_only_fields_are_refused_for_a_remote(engines: dict):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="team/smol", messages=ASK, max_tokens=2,
                                            extra_body=extra)
-        assert err.value.body["param"] == field and "team/smol" in err.value.body["message"]
+        assert body_of(err.value)["param"] == field and "team/smol" in body_of(err.value)["message"]
 
 
 def test_ollama_and_anthropic_routes_reach_remotes(engines: dict):
@@ -364,7 +369,7 @@ def test_keys_and_quotas_apply_to_remote_models(engines: dict):
         assert keyed.chat.completions.create(model="flaky/canned", messages=ASK).usage
     with pytest.raises(openai.RateLimitError) as err:
         keyed.chat.completions.create(model="flaky/canned", messages=ASK)
-    assert "10" in err.value.body["message"]
+    assert "10" in body_of(err.value)["message"]
     rows: list = []
     for _ in range(50):  # the usage table is written off the request path
         usage = subprocess.run([sys.executable, "-m", "localllm", "usage", "--json"], env=env,

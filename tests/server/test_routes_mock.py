@@ -76,7 +76,7 @@ def handed(engine: Mock) -> Request:
 async def test_openai_chat_fields_become_the_engines_sampling(
     engine: Mock, transport: httpx.ASGITransport
 ):
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=transport.app)) as http:
         client = openai.AsyncOpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
         reply = await client.chat.completions.create(
             model="starter",
@@ -115,7 +115,7 @@ async def test_openai_chat_fields_become_the_engines_sampling(
 
 
 async def test_openai_streaming_sends_each_chunk(engine: Mock, transport: httpx.ASGITransport):
-    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=transport.app)) as http:
         client = openai.AsyncOpenAI(base_url="http://localhost/v1", api_key="x", http_client=http)
         stream = await client.chat.completions.create(
             model="starter", messages=[{"role": "user", "content": "Hi"}], stream=True
@@ -153,8 +153,7 @@ async def test_ollama_options_become_the_engines_sampling(
 async def test_anthropic_fields_become_the_engines_sampling(
     engine: Mock, transport: httpx.ASGITransport
 ):
-    app = transport.app  # the anthropic SDK speaks through httpx2, httpx's successor
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app)) as http:
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=transport.app)) as http:
         client = anthropic.AsyncAnthropic(
             base_url="http://localhost", api_key="x", http_client=http
         )

@@ -7,6 +7,7 @@ that no generated request decodes for long.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import schemathesis
@@ -35,7 +36,7 @@ schema = schemathesis.pytest.from_fixture("api_schema")
 
 ADMIN_EXAMPLES = 6  # each may reload the model: fewer, but the same checks
 
-_SETTINGS = {
+_SETTINGS: dict[str, Any] = {
     "deadline": None,
     "suppress_health_check": list(HealthCheck),
     "derandomize": True,  # the same requests every run: a failure here is reproducible

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from localllm.backends.base import ModelRef
 from tests.conftest import ServerProcess
@@ -23,7 +24,7 @@ THINKING_TEMPLATE = (
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
     "{% else %}<think>\n{% endif %}{% endif %}"
 )
-ASK = [{"role": "user", "content": "What is two plus two?"}]
+ASK: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is two plus two?"}]
 
 
 def thinking_model(starter_ref: ModelRef, folder: Path) -> Path:
@@ -46,12 +47,13 @@ def test_reasoning_comes_apart_from_the_answer(thinker: ServerProcess):
                                            temperature=0)
     message = whole.choices[0].message
     # the prompt opened the block and 12 tokens do not close it: all of it is reasoning
+    assert message.model_extra is not None
     thought = message.model_extra["reasoning_content"]
     assert thought.strip() and message.content == "" and "<think>" not in thought
     streamed = client.chat.completions.create(model="thinker", messages=ASK, max_tokens=12,
                                               temperature=0, stream=True)
     pieces = [e.choices[0].delta for e in streamed if e.choices]
-    assert "".join(d.model_extra.get("reasoning_content") or "" for d in pieces) == thought
+    assert "".join((d.model_extra or {}).get("reasoning_content") or "" for d in pieces) == thought
     assert not "".join(d.content or "" for d in pieces)
     off = client.chat.completions.create(
         model="thinker", messages=ASK, max_tokens=12, temperature=0,

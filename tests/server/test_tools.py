@@ -9,29 +9,38 @@ native path: `<tool_call>` blocks in the reply, constrained when a call is requi
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jsonschema
 import openai
 import pytest
+from openai.types.chat import (
+    ChatCompletionFunctionToolParam,
+    ChatCompletionMessageParam,
+)
 
 from localllm.backends.base import ModelRef
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, body_of, usage_of
 from tests.gguf_fixtures import copy_with_metadata
 
-WEATHER_PARAMS = {
+WEATHER_PARAMS: dict[str, object] = {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 40},
                    "unit": {"enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"],
 }
-TOOLS = [
+TIME_PARAMS: dict[str, object] = {"type": "object", "properties": {}}
+TOOLS: list[ChatCompletionFunctionToolParam] = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
                                       "parameters": WEATHER_PARAMS}},
     {"type": "function", "function": {"name": "get_time", "description": "The time now",
-                                      "parameters": {"type": "object", "properties": {}}}},
+                                      "parameters": TIME_PARAMS}},
 ]
-ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+PARAMS = {"get_weather": WEATHER_PARAMS, "get_time": TIME_PARAMS}
+ASK: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the weather in Paris?"}
+]
 
 HERMES_LIKE = (
     "{% if tools %}<|im_start|>system\nYou may call functions:\n<tools>\n"
@@ -65,13 +74,12 @@ def hermes_server(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRe
     srv.stop()
 
 
-def check_calls(calls: list, names: set[str]) -> None:
+def check_calls(calls: Sequence[Any] | None, names: set[str]) -> None:
     assert calls
     for call in calls:
         assert call.type == "function" and call.id.startswith("call_")
         assert call.function.name in names
-        spec = next(t["function"] for t in TOOLS if t["function"]["name"] == call.function.name)
-        jsonschema.validate(json.loads(call.function.arguments), spec["parameters"])
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
 
 
 def test_generic_round_trip(server: ServerProcess):
@@ -81,10 +89,11 @@ def test_generic_round_trip(server: ServerProcess):
         parallel_tool_calls=False, temperature=0)
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    assert len(choice.message.tool_calls) == 1
-    check_calls(choice.message.tool_calls, {"get_weather", "get_time"})
-    call = choice.message.tool_calls[0]
-    history = [*ASK, choice.message.model_dump(exclude_none=True),
+    calls = choice.message.tool_calls or []
+    assert len(calls) == 1
+    check_calls(calls, {"get_weather", "get_time"})
+    call = calls[0]
+    history: list[Any] = [*ASK, choice.message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id,
                 "content": json.dumps({"temperature": 18, "sky": "cloudy"})}]
     answer = client.chat.completions.create(
@@ -94,7 +103,7 @@ def test_generic_round_trip(server: ServerProcess):
     assert answer.choices[0].message.content and answer.choices[0].finish_reason in (
         "stop", "length")
     # the result was in the prompt: it is longer than the question's
-    assert answer.usage.prompt_tokens > first.usage.prompt_tokens - 200
+    assert usage_of(answer).prompt_tokens > usage_of(first).prompt_tokens - 200
     # under "auto" the reply is either an answer or calls, and always well formed
     auto = client.chat.completions.create(
         model="starter", messages=history, tools=TOOLS, max_tokens=96, temperature=0.7, seed=3)
@@ -133,15 +142,16 @@ def test_native_hermes_calls(hermes_server: ServerProcess):
         model="hermes-starter", messages=ASK, tools=TOOLS, tool_choice="required",
         temperature=0.8, seed=5)
     assert required.choices[0].finish_reason == "tool_calls"
-    check_calls(required.choices[0].message.tool_calls, {"get_weather", "get_time"})
+    calls = required.choices[0].message.tool_calls or []
+    check_calls(calls, {"get_weather", "get_time"})
     # the model's own template rendered the tools and the earlier call
-    call = required.choices[0].message.tool_calls[0]
-    history = [*ASK, required.choices[0].message.model_dump(exclude_none=True),
+    call = calls[0]
+    history: list[Any] = [*ASK, required.choices[0].message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
     streamed = client.chat.completions.create(
         model="hermes-starter", messages=history, tools=TOOLS, max_tokens=48,
         temperature=0, stream=True)
-    text, finish, deltas = "", None, []
+    text, finish, deltas = "", None, list[Any]()
     for event in streamed:
         for ch in event.choices:
             text += ch.delta.content or ""
@@ -154,7 +164,7 @@ def test_native_hermes_calls(hermes_server: ServerProcess):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_json_schema_answers_validate(server: ServerProcess, seed: int):
-    schema = {"type": "object", "properties": {
+    schema: dict[str, object] = {"type": "object", "properties": {
         "name": {"type": "string", "maxLength": 30},
         "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 12},
@@ -166,7 +176,7 @@ def test_json_schema_answers_validate(server: ServerProcess, seed: int):
                          "json_schema": {"name": "person", "schema": schema, "strict": True}},
         temperature=1.0, seed=seed, max_tokens=200)
     assert r.choices[0].finish_reason == "stop"
-    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), schema)
 
 
 def test_json_object(server: ServerProcess):
@@ -175,7 +185,7 @@ def test_json_object(server: ServerProcess):
         response_format={"type": "json_object"}, temperature=0.8, seed=0, max_tokens=200,
         frequency_penalty=0.5)  # greedy, this small model repeats a list until the limit
     assert r.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
 
 
 def test_logprobs(server: ServerProcess):
@@ -183,23 +193,27 @@ def test_logprobs(server: ServerProcess):
     r = client.chat.completions.create(
         model="starter", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5,
         temperature=0, logprobs=True, top_logprobs=3)
-    content = r.choices[0].logprobs.content
-    assert len(content) == r.usage.completion_tokens == 5
+    logprobs = r.choices[0].logprobs
+    assert logprobs is not None and logprobs.content is not None
+    content = logprobs.content
+    assert len(content) == usage_of(r).completion_tokens == 5
     assert "".join(t.token for t in content) == r.choices[0].message.content
     for t in content:
         assert len(t.top_logprobs) == 3 and t.logprob <= 0
         assert t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob
         assert t.logprob == pytest.approx(t.top_logprobs[0].logprob)  # greedy: the best one
-        assert bytes(t.bytes).decode() == t.token
+        assert bytes(t.bytes or []).decode() == t.token
     streamed = client.chat.completions.create(
         model="starter", messages=[{"role": "user", "content": "Say hi"}], max_tokens=5,
         temperature=0, logprobs=True, stream=True)
     tokens = [t.token for ev in streamed for ch in ev.choices if ch.logprobs
-              for t in ch.logprobs.content]
+              for t in ch.logprobs.content or []]
     assert tokens == [t.token for t in content]
     c = client.completions.create(model="starter", prompt="The capital of France is",
                                   max_tokens=3, temperature=0, logprobs=2)
     lp = c.choices[0].logprobs
+    assert lp is not None and lp.tokens and lp.token_logprobs and lp.text_offset
+    assert lp.top_logprobs is not None
     assert "".join(lp.tokens) == c.choices[0].text and len(lp.token_logprobs) == 3
     assert lp.text_offset[0] == 0 and all(len(top) == 2 for top in lp.top_logprobs)
 
@@ -215,7 +229,7 @@ def test_refusals_name_what_is_wrong(server: ServerProcess):
 
     err = refused(extra_body={"reasoning_effort": "high"})
     assert "'reasoning_effort' is not supported" in err.message
-    assert err.body["code"] == "unsupported_parameter"
+    assert body_of(err)["code"] == "unsupported_parameter"
     err = refused(response_format={"type": "json_schema", "json_schema": {
         "name": "x", "schema": {"type": "array", "uniqueItems": True}}})
     assert "uniqueItems" in err.message
@@ -226,7 +240,7 @@ def test_refusals_name_what_is_wrong(server: ServerProcess):
     err = refused(messages=[{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
-    assert err.body["code"] == "vision_not_supported" and "vision" in err.message
+    assert body_of(err)["code"] == "vision_not_supported" and "vision" in err.message
     err = refused(logit_bias={"99999999": 5})
     assert "99999999" in err.message and "vocabulary" in err.message
 
@@ -234,7 +248,8 @@ def test_refusals_name_what_is_wrong(server: ServerProcess):
 def test_tool_schemas_written_for_cloud_apis_still_work(server: ServerProcess):
     """Agents send schemas with keywords the grammar engine cannot enforce: those go
     unenforced rather than refusing the request (response_format still refuses them)."""
-    tools = [{"type": "function", "function": {"name": "fetch", "parameters": {
+    tools: list[ChatCompletionFunctionToolParam] = [
+        {"type": "function", "function": {"name": "fetch", "parameters": {
         "type": "object",
         "properties": {"url": {"type": "string", "format": "uri-reference", "maxLength": 60},
                        "tags": {"type": "array", "items": {"type": "string", "maxLength": 10},
@@ -243,8 +258,8 @@ def test_tool_schemas_written_for_cloud_apis_still_work(server: ServerProcess):
     r = client_of(server).chat.completions.create(
         model="starter", messages=[{"role": "user", "content": "Fetch example.com"}],
         tools=tools, tool_choice="required", parallel_tool_calls=False, temperature=0)
-    (call,) = r.choices[0].message.tool_calls
-    assert call.function.name == "fetch"
+    (call,) = r.choices[0].message.tool_calls or []
+    assert call.type == "function" and call.function.name == "fetch"
     assert isinstance(json.loads(call.function.arguments)["url"], str)
 
 

@@ -42,7 +42,7 @@ def make_app(settings: Settings, engine: Engine, history: History, tmp_path: Pat
     return make
 
 
-async def wait_for(pilot: Pilot, cond: Callable[[], bool], what: str, limit: int = 1200) -> None:
+async def wait_for(pilot: Pilot, cond: Callable[[], object], what: str, limit: int = 1200) -> None:
     """Let the app run until `cond` holds (a guard against hanging, not a timing assertion)."""
     for _ in range(limit):
         if cond():
@@ -54,7 +54,7 @@ async def wait_for(pilot: Pilot, cond: Callable[[], bool], what: str, limit: int
 async def ready(pilot: Pilot) -> None:
     app = pilot.app
     assert isinstance(app, ChatApp)
-    await wait_for(pilot, lambda: app.engine.model_info is not None and not
+    await wait_for(pilot, lambda: app.engine.status().model_info is not None and not
                    app.status.state, "the model to load")
 
 

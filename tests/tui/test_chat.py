@@ -188,6 +188,7 @@ async def test_full_context_new_chat_moves_the_prompt(tmp_path: Path, store: Mod
             await pilot.click("#new")
             await wait_for(pilot, lambda: app.conv is not None and app.conv.id != conv.id
                            and len(answers(app)) == 1 and not app.generating, "the new chat")
+            assert app.conv is not None
             assert history.messages(app.conv.id)[0].content == "Fresh question"
             assert [m.role for m in history.messages(conv.id)] == ["user", "assistant"]
 
@@ -289,7 +290,7 @@ async def test_rename_settings_and_delete(make_app, history: History):
         await wait_for(pilot, lambda: app.sidebar.option_count == 2, "sidebar")
         await pilot.press("f2")
         await wait_for(pilot, lambda: app.screen.query("#title"), "the rename dialog")
-        app.screen.query_one("#title").value = "New title"  # type: ignore[attr-defined]
+        app.screen.query_one("#title").value = "New title"
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.conv is not None and app.conv.title == "New title",
                        "the rename")
@@ -299,16 +300,19 @@ async def test_rename_settings_and_delete(make_app, history: History):
 
         await pilot.press("f4")
         await wait_for(pilot, lambda: app.screen.query("#temperature"), "settings")
-        app.screen.query_one("#temperature").value = "5"  # type: ignore[attr-defined]
+        app.screen.query_one("#temperature").value = "5"
         await pilot.click("#save")
         await wait_for(pilot, lambda: str(app.screen.query_one("#error").render()), "an error")
         error = str(app.screen.query_one("#error").render())
         assert "5.0 is outside 0..2" in error  # refused with the range, dialog stays open
-        app.screen.query_one("#temperature").value = "0.3"  # type: ignore[attr-defined]
-        app.screen.query_one("#system_prompt").load_text("Be brief.")  # type: ignore[attr-defined]
-        app.screen.query_one("#save").press()  # type: ignore[attr-defined]
-        await wait_for(pilot, lambda: app.conv.settings.temperature == 0.3, "saved settings")
-        assert history.get(app.conv.id).settings.system_prompt == "Be brief."
+        app.screen.query_one("#temperature").value = "0.3"
+        app.screen.query_one("#system_prompt").load_text("Be brief.")
+        app.screen.query_one("#save").press()
+        conv = app.conv
+        assert conv is not None
+        await wait_for(pilot, lambda: conv.settings.temperature == 0.3, "saved settings")
+        saved = history.get(conv.id)
+        assert saved is not None and saved.settings.system_prompt == "Be brief."
         assert app._request(app.conv).messages[0].content == "Be brief."
 
         doomed = app.conv.id
@@ -375,14 +379,14 @@ async def test_backend_setting_moves_the_conversation_to_mlx(make_app, history: 
         assert "auto:" in app.status.device  # the status bar says why this backend
         await pilot.press("f4")
         await wait_for(pilot, lambda: app.screen.query("#backend"), "settings")
-        app.screen.query_one("#backend").value = "metal"  # type: ignore[attr-defined]
-        app.screen.query_one("#save").press()  # type: ignore[attr-defined]
+        app.screen.query_one("#backend").value = "metal"
+        app.screen.query_one("#save").press()
         await wait_for(pilot, lambda: str(app.screen.query_one("#error").render()), "an error")
         assert "'metal' is not one of auto, llamacpp, mlx" in str(
             app.screen.query_one("#error").render()
         )
-        app.screen.query_one("#backend").value = "mlx"  # type: ignore[attr-defined]
-        app.screen.query_one("#save").press()  # type: ignore[attr-defined]
+        app.screen.query_one("#backend").value = "mlx"
+        app.screen.query_one("#save").press()
         await wait_for(pilot, lambda: app.conv.settings.backend == "mlx", "saved settings")
         await ask(pilot, "Hi")
         assert app.status.device.startswith("mlx ")
@@ -422,7 +426,8 @@ async def test_model_picker_starts_a_quantization(make_app, history: History, st
             )
             raise AssertionError(f"{exc} ({state})") from None
         assert "Made starter-f16 (258.3 MiB)" in str(dialog.query_one("#outcome", Static).render())
-        assert quantized_from(store.models_dir / "starter-f16").startswith("f16 of starter (")
+        made = quantized_from(store.models_dir / "starter-f16")
+        assert made is not None and made.startswith("f16 of starter (")
         assert dialog.query_one("#bar", ProgressBar).progress == 100
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker again")
@@ -490,7 +495,7 @@ async def test_a_remote_model_in_the_chat(tmp_path: Path, store: ModelStore, sta
                 await wait_for(pilot, lambda: app.status.model == "team/smol", "the model")
                 assert app.status.device == "remote"
                 await ask(pilot, "Hi")
-                assert answers(app)[0].content and app.engine.model_info is None
+                assert answers(app)[0].content and app.engine.status().model_info is None
                 await pilot.press("f3")
                 await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), "the picker")
                 table = app.screen.query_one(DataTable)
@@ -554,7 +559,7 @@ async def test_a_thinking_model_s_reasoning_is_folded_and_not_sent_again(
     with app_with(tmp_path, store, model=str(path)) as (app, history):
         conv = history.create("t", ConversationSettings(temperature=0.0, max_tokens=12))
         sent: list = []
-        app.engine.observers.append(lambda request, *_: sent.append(request.messages))
+        app.engine.observe(lambda request, *_: sent.append(request.messages))
         async with app.run_test(size=(100, 30)) as pilot:
             await ready(pilot)
             await ask(pilot, "What is two plus two?")

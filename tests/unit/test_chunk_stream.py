@@ -25,7 +25,11 @@ async def test_a_piece_holds_every_chunk_that_arrived_before_it() -> None:
         pieces.append((text, last is not None))
         if len(pieces) == 1:
             # while the reader waits for its next piece, three tokens arrive from the worker
-            worker = threading.Timer(0.05, lambda: [stream.feed(Chunk(t, (2,))) for t in "bcd"])
+            def three() -> None:
+                for t in "bcd":
+                    stream.feed(Chunk(t, (2,)))
+
+            worker = threading.Timer(0.05, three)
             worker.start()
         elif len(pieces) == 2:
             stream.feed(Chunk("e", (5,), finish_reason="stop"))

@@ -90,12 +90,14 @@ def _expected(name: str, value: object) -> object:
     if name in ("remotes", "routes"):
         items = json.loads(value) if isinstance(value, str) else value
         cls = Remote if name == "remotes" else RouteRule
-        return tuple(i if isinstance(i, cls) else cls(**i) for i in items)  # type: ignore[arg-type]
+        assert isinstance(items, (list, tuple))
+        return tuple(i if isinstance(i, cls) else cls(**i) for i in items)
     if "Path" in str(kind):
         return Path(str(value)).expanduser()
     if str(kind).startswith("tuple"):
         items = value.split(",") if isinstance(value, str) else value
-        return tuple(str(v).strip() for v in items)  # type: ignore[union-attr]
+        assert isinstance(items, (list, tuple))
+        return tuple(str(v).strip() for v in items)
     if str(kind) == "bool" and isinstance(value, str):
         return value in ("true", "1", "yes")
     if "float" in str(kind):

@@ -32,8 +32,8 @@ def fake_ref(tmp_path: Path) -> ModelRef:
     return write_fake_model(tmp_path / "fake.gguf")
 
 
-def scripted(settings: Settings, ref: ModelRef, script: Script, **changes: object) -> Engine:
-    engine = Engine(dataclasses.replace(settings, **changes), backends=[FakeBackend(script)])
+def scripted(settings: Settings, ref: ModelRef, script: Script) -> Engine:
+    engine = Engine(settings, backends=[FakeBackend(script)])
     engine.load(ref)
     return engine
 
@@ -145,7 +145,8 @@ async def test_cancelling_a_held_request_ends_it_cancelled(held: Engine, gate: G
 def test_the_queue_bound_refuses_with_both_numbers(
     settings: Settings, fake_ref: ModelRef, gate: Gate
 ):
-    engine = scripted(settings, fake_ref, Script(gate=gate), max_queue=2, parallel=1)
+    bounded = dataclasses.replace(settings, max_queue=2, parallel=1)
+    engine = scripted(bounded, fake_ref, Script(gate=gate))
     try:
         first, second = iter(engine.generate(ask())), iter(engine.generate(ask()))
         threads = [threading.Thread(target=list, args=(g,)) for g in (first, second)]

@@ -28,8 +28,9 @@ def test_conversations_and_messages_round_trip(tmp_path: Path):
     h.drop_from_context([msgs[0].id])
     assert [m.in_context for m in h.messages(a.id)] == [False, True]
     h.rename(a.id, "Renamed")
-    assert h.get(a.id).title == "Renamed"
-    assert h.get(a.id).settings.system_prompt == "sys"
+    renamed = h.get(a.id)
+    assert renamed is not None and renamed.title == "Renamed"
+    assert renamed.settings.system_prompt == "sys"
     assert h.prompts() == ["hi"]
     md = h.export_markdown(a.id)
     assert md.startswith("# Renamed") and "**System**" in md and "hello" in md

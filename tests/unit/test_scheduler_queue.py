@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 
 def test_a_request_held_back_gives_the_worker_nothing_to_do():
     """A ready request behind a deterministic one whose prompt is still being read does
@@ -17,10 +19,10 @@ def test_a_request_held_back_gives_the_worker_nothing_to_do():
                                   deterministic=deterministic)
         return SimpleNamespace(request=request, cancel=threading.Event(), ready=ready)
 
-    def never(*_: object) -> None:
+    def never(*_: object) -> NoReturn:
         raise AssertionError("nothing may start")
 
-    sched = Scheduler(SimpleNamespace(n_seq=2), prepare=never, prepare_seq=never,  # type: ignore[arg-type]
+    sched = Scheduler(SimpleNamespace(n_seq=2), prepare=never, prepare_seq=never,
                       on_end=never)
     first, second = job(True, False), job(False, True)
     sched.add(first)
@@ -31,7 +33,7 @@ def test_a_request_held_back_gives_the_worker_nothing_to_do():
     first.ready = False
     second.cancel.set()  # a cancelled one behind waits too: it is ended once the line moves
     assert not sched.busy
-    plain = Scheduler(SimpleNamespace(n_seq=2), prepare=never, prepare_seq=never,  # type: ignore[arg-type]
+    plain = Scheduler(SimpleNamespace(n_seq=2), prepare=never, prepare_seq=never,
                       on_end=never)
     plain.add(job(False, False))
     plain.add(job(False, True))

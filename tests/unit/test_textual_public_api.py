@@ -49,7 +49,8 @@ def test_no_private_textual_names_in_the_chat() -> None:
                     name = sub.attr
                 if name and name.startswith("_") and not name.startswith("__") \
                         and _textual_private(cls, name):
-                    found.append(f"{path.name}:{sub.lineno} {node.name}.{name}")
+                    line = getattr(sub, "lineno", 0)
+                    found.append(f"{path.name}:{line} {node.name}.{name}")
     assert not found, found
 
 
@@ -58,7 +59,7 @@ def test_the_check_sees_a_private_override() -> None:
     from textual.widget import Widget
 
     class Sneaky(Widget):
-        def _size_updated(self, *args: object) -> bool:  # type: ignore[override]
+        def _size_updated(self, *args: object) -> bool:
             return False
 
     assert _textual_private(Sneaky, "_size_updated")
