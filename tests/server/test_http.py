@@ -90,7 +90,9 @@ def test_client_disconnect_stops_generation(server: ServerProcess):
     assert r.status_code == 200
     after = server.health()["totals"]
     assert after["cancelled"] == before["cancelled"] + 1
-    assert after["generated_tokens"] - before["generated_tokens"] < 100
+    # ended before its limit (how soon is not a token count: test_engine_fake.py holds a
+    # model mid-answer and cancels it there)
+    assert after["generated_tokens"] - before["generated_tokens"] < 2000
 
 
 def test_context_overflow_is_400_with_both_numbers(small_server: ServerProcess):

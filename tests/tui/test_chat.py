@@ -308,9 +308,10 @@ async def test_rename_settings_and_delete(make_app, history: History):
         app.screen.query_one("#temperature").value = "0.3"
         app.screen.query_one("#system_prompt").load_text("Be brief.")
         app.screen.query_one("#save").press()
-        conv = app.conv
+        await wait_for(pilot, lambda: app.conv is not None
+                       and app.conv.settings.temperature == 0.3, "saved settings")
+        conv = app.conv  # the conversation as saved (a new object)
         assert conv is not None
-        await wait_for(pilot, lambda: conv.settings.temperature == 0.3, "saved settings")
         saved = history.get(conv.id)
         assert saved is not None and saved.settings.system_prompt == "Be brief."
         assert app._request(app.conv).messages[0].content == "Be brief."
