@@ -377,6 +377,9 @@ class MemoryProfile:
         return 2 if self.kv_dtype == "f32" else 1
 
 
+CPU_F16 = MemoryProfile("f16", gpu_offload=False)  # llama.cpp's KV on a CPU; the fallback
+
+
 class Backend(Protocol):
     name: ClassVar[str]
 

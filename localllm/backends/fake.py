@@ -20,11 +20,12 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from localllm.backends.base import (
+    CPU_F16,
     Chunk,
     Drafter,
     KVSnapshot,
@@ -106,15 +107,6 @@ class _Sampler:
     seq: int | None = None  # the sequence it samples for (known from its first sample)
 
 
-@dataclass(slots=True)
-class Counters:
-    """What a test can check the engine did with the model."""
-
-    steps: int = 0
-    tokens_evaluated: int = 0
-    batches: list[tuple[int, ...]] = field(default_factory=list)  # the sequences of each step
-
-
 class FakeModel:
     """A `LoadedModel` whose answers come from a `Script` (see the module's note)."""
 
@@ -138,8 +130,6 @@ class FakeModel:
             n_vocab=N_VOCAB,
             max_token_bytes=1,
         )
-        self.counters = Counters()
-        self.closed = False
         self._kv: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._generated: dict[int, int] = {}  # per sequence, the tokens sampled this answer
         if options.progress is not None:
@@ -182,8 +172,6 @@ class FakeModel:
             script.gate.pass_through()
         if script.delay_s:
             time.sleep(script.delay_s)
-        self.counters.steps += 1
-        self.counters.batches.append(tuple(w.seq for w in work))
         fail_at = script.fail_at
         for w in work:
             if w.logits and fail_at is not None and self._generated.get(w.seq, 0) + 1 >= fail_at:
@@ -191,7 +179,6 @@ class FakeModel:
             if len(self._kv[w.seq]) + len(w.tokens) > self.info.n_ctx:
                 raise LocalLLMError("the scripted model's context is full")
             self._kv[w.seq] += list(w.tokens)
-            self.counters.tokens_evaluated += len(w.tokens)
 
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> _Sampler:
         reply = self.script.reply
@@ -278,7 +265,7 @@ class FakeModel:
         raise InvalidRequest("the scripted model does not embed")
 
     def close(self) -> None:
-        self.closed = True
+        pass  # nothing is held
 
 
 class FakeBackend:
@@ -297,7 +284,7 @@ class FakeBackend:
         return ref.format == "gguf"
 
     def memory_profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
-        return MemoryProfile("f16", gpu_offload=False)
+        return CPU_F16
 
     def load(self, ref: ModelRef, options: LoadOptions) -> FakeModel:
         model = FakeModel(ref, options, self.script)

@@ -21,7 +21,6 @@ from localllm.backends.base import Chunk, LoadedModel, ModelInfo, ModelRef
 from localllm.models.sampling import Recommended
 
 if TYPE_CHECKING:
-    from localllm.config import Settings
     from localllm.engine.remote_route import Remotes
     from localllm.engine.stream import ChunkStream
     from localllm.engine.worker import Request
@@ -194,8 +193,3 @@ class EngineClient(Protocol):
     def close(self) -> None:
         """Stop the worker and free the models."""
         ...
-
-
-def default_settings(settings: Settings) -> EngineStatus:
-    """The status of an engine that has loaded nothing yet."""
-    return EngineStatus(backend_preference=settings.backend)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from localllm.backends import BACKEND_CHOICES, apple_silicon, get_backend, require
-from localllm.backends.base import Backend, MemoryProfile, ModelRef
+from localllm.backends.base import CPU_F16, Backend, MemoryProfile, ModelRef
 from localllm.errors import BackendUnavailable, ImportFailed
 
 
@@ -72,7 +72,7 @@ def memory_profile(
     try:
         chosen = plan(ref, preference, models_dir)
     except BackendUnavailable:
-        return MemoryProfile("f16", gpu_offload=False)
+        return CPU_F16
     return get_backend(chosen.backend).memory_profile(ref, n_ctx)
 
 

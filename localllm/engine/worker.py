@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from localllm.backends import reasoning, tools
 from localllm.backends.base import (
+    CPU_F16,
     Backend,
     Chunk,
     LoadedModel,
@@ -65,7 +66,6 @@ from localllm.models.store import ModelStore, looks_like_path
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-CPU_F16 = MemoryProfile("f16", gpu_offload=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,42 +240,17 @@ class Engine:
         self._thread.start()
 
     # -- information -------------------------------------------------------------
-    @property
-    def state(self) -> State:
+    def _state(self) -> State:
         """ready while a default model serves (a failed on-demand load does not change
-        that); error when the worker died or the only load failed; else loading or idle."""
-        if self.dead is not None or not self._thread.is_alive():
+        that); error when the worker died or the only load failed; else loading or idle
+        (status() also says error once the worker thread is gone)."""
+        if self.dead is not None:
             return "error"
         if self._default is not None:
             return "ready"
         if self._loading:
             return "loading"
         return "error" if self.last_error else "idle"
-
-    @property
-    def model_info(self) -> ModelInfo | None:
-        """The default model's description."""
-        return self._default.model.info if self._default is not None else None
-
-    @property
-    def model_ref(self) -> ModelRef | None:
-        """The default model."""
-        return self._default.ref if self._default is not None else None
-
-    @property
-    def sampling(self) -> Recommended:
-        """The default model's recommended sampling (what requests that leave a field
-        unset get), and where it was read."""
-        return self._default.sampling if self._default is not None else Recommended()
-
-    @property
-    def backend_preference(self) -> str:
-        """auto | llamacpp | mlx: what the next load uses unless told otherwise."""
-        return self._backend
-
-    @property
-    def outstanding(self) -> int:
-        return self._outstanding
 
     def resident(self) -> list[dict[str, Any]]:
         """The loaded models, default first, as of the worker's last step."""
@@ -314,7 +289,7 @@ class Engine:
                 )
             )
         self._status = EngineStatus(
-            state=self.state,
+            state=self._state(),
             model_info=default.model.info if default is not None else None,
             model_ref=default.ref if default is not None else None,
             sampling=default.sampling if default is not None else Recommended(),

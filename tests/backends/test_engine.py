@@ -34,7 +34,8 @@ def test_generate_streams_and_counts(engine: Engine):
     assert chunks[-1].finish_reason == "length"
     assert sum(len(c.tokens) for c in chunks) == 5
     assert engine.totals["generated_tokens"] == 5 and engine.totals["requests"] == 1
-    assert engine.model_ref is not None and engine.model_ref.name == "starter"
+    ref = engine.status().model_ref
+    assert ref is not None and ref.name == "starter"
 
 
 async def test_submit_async_started_then_chunks(engine: Engine):
@@ -56,10 +57,10 @@ async def test_closing_a_stream_cancels_generation(engine: Engine):
             break
     await stream.aclose()
     for _ in range(200):
-        if engine.outstanding == 0:
+        if engine.status().queued == 0:
             break
         await asyncio.sleep(0.05)
-    assert engine.outstanding == 0
+    assert engine.status().queued == 0
     assert engine.totals["cancelled"] == 1
     # it ended before its limit (how soon is not a token count: see test_engine_fake.py)
     assert engine.totals["generated_tokens"] < 500
@@ -139,7 +140,7 @@ def test_error_mid_stream_is_typed_and_worker_survives(engine: Engine,
         for c in engine.generate(ask("Count to ten.", max_tokens=5)):
             got.append(c.tokens)
     assert len(got) == 2 and all(len(t) == 1 for t in got)
-    assert engine.outstanding == 0
+    assert engine.status().queued == 0
     chunks = list(engine.generate(ask("Hi", max_tokens=1)))  # the worker is alive and answers
     assert chunks[-1].finish_reason is not None and chunks[-1].stats is not None
 

@@ -53,7 +53,8 @@ def test_a_named_model_loads_beside_the_default(engine: Engine) -> None:
     assert rows["starter"]["default"] and rows["starter"]["expires_in_s"] is None
     assert not rows["twin"]["default"] and 0 < rows["twin"]["expires_in_s"] <= 300
     assert rows["twin"]["memory_bytes"] > rows["twin"]["n_ctx"] * 20_000  # weights + KV
-    assert engine.model_ref is not None and engine.model_ref.name == "starter"
+    ref = engine.status().model_ref
+    assert ref is not None and ref.name == "starter"
     list(engine.generate(ask()))  # no model named: the default answers, nothing reloads
     list(engine.generate(ask("twin")))
     assert engine.totals["loads"] == 2 and engine.totals["unloads"] == 0

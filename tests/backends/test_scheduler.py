@@ -229,7 +229,7 @@ def test_kv_memory_of_n_sequences_stays_within_the_estimate(
         ]
         assert sizes, "llama.cpp did not report its KV cache"
         allocated = sizes[-1] * 1024 * 1024
-        ref = engine.model_ref
+        ref = engine.status().model_ref
         assert ref is not None
         estimate = fit.estimate(ref, 1024).with_seq(3)
         assert estimate.kv == rows[0]["kv_bytes"]

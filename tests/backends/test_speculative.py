@@ -225,7 +225,8 @@ def test_a_draft_model_that_does_not_fit_is_refused(
         with pytest.raises(ModelTooLarge) as err:
             list(engine.generate(request))
         assert "Model 'starter-f16' needs" in err.value.message
-        assert engine.model_ref is not None and engine.model_ref.name == "starter"
+        ref = engine.status().model_ref
+        assert ref is not None and ref.name == "starter"
     finally:
         engine.close()
     # configured: counted in the target's own fit, so the target is refused up front

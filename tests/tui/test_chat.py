@@ -342,7 +342,8 @@ async def test_model_picker_switches_the_loaded_model(make_app, history: History
         await pilot.press("down", "enter")
         await wait_for(pilot, lambda: app.status.model == "twin" and not app.status.state,
                        "the switch to twin")
-        assert app.engine.model_ref is not None and app.engine.model_ref.name == "twin"
+        ref = app.engine.status().model_ref
+        assert ref is not None and ref.name == "twin"
         await ask(pilot, "Hi")  # and it answers on the new model
         assert answers(app)[0].content
 

@@ -69,7 +69,7 @@ def test_the_engine_applies_them(starter_ref: ModelRef, tmp_path: Path):
         for params in (SamplingParams.asked(max_tokens=2),
                        SamplingParams.asked(max_tokens=2, temperature=0.7, top_k=3)):
             list(engine.generate(Request(params, messages=ask)))
-        assert engine.sampling.values["temperature"] == 0.25
+        assert engine.status().sampling.values["temperature"] == 0.25
     finally:
         engine.close()
     assert (seen[0].temperature, seen[0].top_k, seen[0].top_p) == (0.25, 20, 0.5)
