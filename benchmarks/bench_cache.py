@@ -24,9 +24,10 @@ from pathlib import Path
 
 from benchmarks.common import machine
 from localllm.backends.base import Message, SamplingParams
-from localllm.backends.llamacpp import plain_cpu_buffers
+from localllm.backends.llamacpp_native import plain_cpu_buffers
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 
 THREADS = 2
 ANSWER = SamplingParams(temperature=0.0, max_tokens=16)
@@ -128,7 +129,7 @@ def part_b(root: Path) -> None:
         ref = ModelStore(Path("/nonexistent")).resolve("starter")
         with plain_cpu_buffers():
             llm = llama_cpp.Llama(str(ref.path), n_ctx=4096, n_threads=THREADS, verbose=False)
-        render = e._default.model.render_chat  # type: ignore[union-attr]
+        render = e.residency.default.model.render_chat  # type: ignore[union-attr]
 
         def ask_llama(m: list[Message]) -> tuple[str, float, int, int]:
             tokens = render(m)

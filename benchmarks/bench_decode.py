@@ -2,7 +2,7 @@
 
 (a) a bare decode loop over llama-cpp-python's low-level API (sample + llama_decode),
 (b) llama-cpp-python's `Llama.create_completion(stream=True)`,
-(c) localllm's `LoadedModel.stream()`,
+(c) localllm's `engine.single.stream()` (one sequence through the scheduler),
 (d) the localllm endpoint streamed through the official `openai` client,
 (e) the same endpoint read with plain httpx (what the server costs without the
     client library's own per-event work).
@@ -30,7 +30,9 @@ import openai
 
 from benchmarks.common import Server, machine
 from localllm.backends.base import LoadOptions, SamplingParams
-from localllm.backends.llamacpp import LlamaCppBackend, has_amx, plain_cpu_buffers
+from localllm.backends.llamacpp import LlamaCppBackend
+from localllm.backends.llamacpp_native import has_amx, plain_cpu_buffers
+from localllm.engine import single
 from localllm.models.store import ModelStore
 
 THREADS = 2
@@ -141,9 +143,8 @@ def ours(ref_path: str) -> Callable[[list[int], int], Result]:
         t0 = time.perf_counter()
         t_first = t_last = 0.0
         count = 0
-        for chunk in model.stream(
-            tokens, SamplingParams(temperature=0.0, max_tokens=n), should_stop=lambda: False
-        ):
+        params = SamplingParams(temperature=0.0, max_tokens=n)
+        for chunk in single.stream(model, tokens, params, should_stop=lambda: False):
             if chunk.tokens:
                 t_last = time.perf_counter()
                 if count == 0:
@@ -225,7 +226,7 @@ def main() -> None:
         variants = {
             "a": ("bare low-level loop", bare_loop(path)),
             "b": ("Llama.create_completion stream", llama_class(path)),
-            "c": ("LoadedModel.stream()", c_model),
+            "c": ("engine.single.stream()", c_model),
             "d": ("endpoint via openai client", endpoint(server.base)),
             "e": ("endpoint via plain httpx", raw_sse(server.base)),
         }

@@ -3,8 +3,9 @@ in one run (issue: the MLX backend).
 
 (a) `mlx_lm.stream_generate` on the imported starter model (the same folder, the same
     greedy sampler, the weights in the same dtype as the backend uses),
-(b) localllm's MLX `LoadedModel.stream()` on that folder,
-(c) localllm's llama.cpp `LoadedModel.stream()` on the starter GGUF itself.
+(b) localllm's MLX backend on that folder, one sequence through the scheduler
+    (`engine.single.stream()`),
+(c) localllm's llama.cpp backend on the starter GGUF itself, the same way.
 
 Rounds interleave the variants; each round's prompt starts with another word so no
 variant reads its prompt from a cache. Decode tokens/s counts the tokens after the
@@ -26,6 +27,7 @@ from benchmarks.common import machine
 from localllm.backends.base import LoadOptions, Message, SamplingParams
 from localllm.backends.llamacpp import LlamaCppBackend
 from localllm.backends.mlx import MlxBackend, mlx_device
+from localllm.engine import single
 from localllm.models.convert import ensure_import
 from localllm.models.store import ModelStore
 
@@ -67,7 +69,7 @@ def main() -> None:
         return float(responses[-1].generation_tps)
 
     def run_ours(m: object, tokens: list[int]) -> float:
-        final = list(m.stream(tokens, greedy, should_stop=NEVER))[-1]  # type: ignore[attr-defined]
+        final = list(single.stream(m, tokens, greedy, should_stop=NEVER))[-1]  # type: ignore[attr-defined]
         return float(final.stats.decode_tps)
 
     results: dict[str, list[float]] = {"a": [], "b": [], "c": []}

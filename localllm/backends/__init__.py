@@ -5,11 +5,11 @@ Which backend runs which model is the engine's choice (engine/placement.py).
 
 from __future__ import annotations
 
-import platform
-import sys
-
 from localllm.backends.base import Backend
 from localllm.errors import BackendUnavailable
+from localllm.hardware import apple_silicon
+
+__all__ = ["BACKEND_CHOICES", "all_backends", "apple_silicon", "get_backend", "require"]
 
 BACKEND_CHOICES = ("auto", "llamacpp", "mlx")
 
@@ -41,8 +41,3 @@ def backend_hint(name: str) -> str:
     if name == "llamacpp":
         return "install it with: pip install 'llama-cpp-python==0.3.36'"
     return f"install it with: pip install 'localllm[{name}]'"
-
-
-def apple_silicon() -> bool:
-    """macOS on arm64, where MLX runs on the GPU through Metal."""
-    return sys.platform == "darwin" and platform.machine() == "arm64"

@@ -6,7 +6,7 @@ only through `Backend` and `LoadedModel`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Protocol
@@ -122,6 +122,10 @@ class Chunk:
     finish_reason: FinishReason | None = None  # exactly one chunk of a stream carries it
     stats: GenerationStats | None = None  # on the final chunk
     logprobs: tuple[TokenLogprob, ...] = ()  # one per token, when the request asked
+    stop_sequence: str | None = None  # on the final chunk: the stop string that ended it
+    # a remote engine's structured output (engine/output.py passes these on as they are)
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,8 +224,8 @@ class Drafter(Protocol):
 
 
 class CoreModel(Protocol):
-    """What every backend's model does: text in, a stream of chunks out. A new backend
-    (a remote engine, say) ships this first; the capabilities below come after."""
+    """What every backend's model does: tokens in and out, chat prompts. Generation is
+    the scheduler's batched step (`Batched`), for one request (engine/single.py) or many."""
 
     info: ModelInfo
 
@@ -235,15 +239,6 @@ class CoreModel(Protocol):
         """The prompt for a chat; `variables` go to the template too (`tools`, and the
         caller's chat_template_kwargs such as `enable_thinking`)."""
         ...
-
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        *,
-        should_stop: Callable[[], bool],
-        drafter: Drafter | None = None,
-    ) -> Iterator[Chunk]: ...
 
     def close(self) -> None: ...
 
@@ -359,9 +354,15 @@ class Batched(Protocol):
         ...
 
 
-class LoadedModel(CoreModel, Batched, KVStateful, Drafting, Scorer, Protocol):
+class Decoding(CoreModel, Batched, Protocol):
+    """What the scheduler drives (engine/scheduler.py, engine/single.py, a grammar):
+    tokens in and out, and the batched step."""
+
+
+class LoadedModel(Decoding, KVStateful, Drafting, Scorer, Protocol):
     """A model the engine hosts: the core and every capability. The engine's parts ask
-    for the capability they use (the scheduler `Batched`, speculation `Drafting`...)."""
+    for the capability they use (the scheduler `Decoding`, the prompt cache `KVStateful`,
+    speculation `Drafting`, perplexity and embeddings `Scorer`)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,21 +5,19 @@ that keeps cache hits exact, chat rendering to tokens, and the final chunk.
 from __future__ import annotations
 
 import hashlib
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from localllm.backends import chat_template
 from localllm.backends.base import (
     Chunk,
-    Drafter,
     FinishReason,
     GenerationStats,
     Message,
     SamplingParams,
+    TokenLogprob,
 )
-from localllm.backends.textstream import TextAssembler
 from localllm.errors import ContextOverflow, InvalidRequest
 
 # Prompt batches start at multiples of ALIGN positions and the last prompt token is
@@ -145,6 +143,21 @@ def check_scoring(n_tokens: int, start: int, n_ctx: int) -> None:
         raise InvalidRequest(f"scoring starts at token {start}; it must be 1 to {n_tokens - 1}")
 
 
+def token_logprob(logits: Any, token: int, top: int, piece: Callable[[int], bytes]) -> TokenLogprob:
+    """A token's log probability under raw logits, and the `top` most likely tokens'."""
+    import numpy as np
+
+    x = np.asarray(logits, dtype=np.float64)
+    peak = x.max()
+    norm = peak + np.log(np.exp(x - peak).sum())
+    best: tuple[tuple[int, float, bytes], ...] = ()
+    if top > 0:
+        ids = np.argpartition(-x, top - 1)[:top]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = tuple((int(i), float(x[i] - norm), piece(int(i))) for i in ids)
+    return TokenLogprob(token, float(x[token] - norm), piece(token), best)
+
+
 def pick_logprobs(logits: Any, targets: Sequence[int]) -> list[float]:
     """ln softmax(logits[j])[targets[j]] for each row j of a (rows x vocab) array."""
     import numpy as np
@@ -193,43 +206,6 @@ class DraftCounts:
     accepted: int = 0
 
 
-def drafted_tokens(
-    first: int,
-    step: Callable[[int, list[int]], tuple[int, int]],
-    *,
-    limit: int,
-    kv: list[int],
-    n_ctx: int,
-    drafter: Drafter,
-    counts: DraftCounts,
-) -> Iterator[tuple[int, int]]:
-    """(token, 1 if it was an accepted draft) for a generation that drafts.
-
-    `first` is the first sampled token. `step(tok, draft)` evaluates tok (not yet in the
-    cache) and the draft in one batch and returns the target's first sample that is not a
-    kept draft and how many drafts it kept (those stay in the cache, the rest leave it).
-    """
-    nxt, emitted = first, 0
-    while True:
-        tok = nxt
-        yield tok, 0
-        emitted += 1
-        if emitted >= limit:
-            return
-        room = min(limit - emitted, n_ctx - len(kv) - 1)
-        draft = drafter.propose([*kv, tok], room) if room > 0 else []
-        t_step = time.perf_counter()
-        nxt, n_ok = step(tok, draft)
-        counts.proposed += len(draft)
-        counts.accepted += n_ok
-        drafter.observe(len(draft), n_ok, time.perf_counter() - t_step)
-        for kept in draft[:n_ok]:
-            yield kept, 1
-            emitted += 1
-            if emitted >= limit:
-                return
-
-
 def keep_matching(draft: Sequence[int], sample_at: Callable[[int], int]) -> tuple[int, int]:
     """The target samples position 0, 1, ... of a verified batch; drafts are kept while
     they equal its samples. Returns the first sample that is not a kept draft (a
@@ -240,54 +216,6 @@ def keep_matching(draft: Sequence[int], sample_at: Callable[[int], int]) -> tupl
         if n_ok == len(draft) or sampled != draft[n_ok]:
             return sampled, n_ok
         n_ok += 1
-
-
-def emit_chunks(
-    source: Iterator[tuple[int, int]],
-    *,
-    piece: Callable[[int], bytes],
-    params: SamplingParams,
-    eog: frozenset[int],
-    should_stop: Callable[[], bool],
-    n_prompt: int,
-    cached: int,
-    t0: float,
-    counts: DraftCounts | None = None,
-) -> Iterator[Chunk]:
-    """Chunks for the tokens a source samples (at most the limit it was given): text in
-    complete UTF-8 pieces, stop strings and end-of-generation tokens honoured, then the
-    final chunk with the stats."""
-    text = TextAssembler(params.stop)
-    generated, t_first = 0, t0
-    finish: FinishReason = "length"
-    for tok, from_draft in source:
-        if should_stop():
-            finish = "cancelled"
-            break
-        if tok in eog:
-            finish = "stop"
-            break
-        generated += 1
-        if generated == 1:
-            t_first = time.perf_counter()
-        yield Chunk(text.push(piece(tok)), (tok,), from_draft=from_draft)
-        if text.stopped:
-            finish = "stop"
-            break
-    tail = "" if text.stopped else text.flush()
-    counts = counts or DraftCounts()
-    yield final_chunk(
-        tail,
-        finish,
-        n_prompt,
-        cached,
-        generated,
-        t0,
-        t_first,
-        time.perf_counter(),
-        proposed=counts.proposed,
-        accepted=counts.accepted,
-    )
 
 
 def final_chunk(
@@ -302,6 +230,7 @@ def final_chunk(
     *,
     proposed: int = 0,
     accepted: int = 0,
+    stop_sequence: str | None = None,
 ) -> Chunk:
     """The chunk that ends every stream: the last text, the finish reason and the stats."""
     tps = (generated - 1) / (t_end - t_first) if generated > 1 and t_end > t_first else 0.0
@@ -314,7 +243,7 @@ def final_chunk(
         draft_accepted=accepted,
         draft_proposed=proposed,
     )
-    return Chunk(tail, (), finish_reason=finish, stats=stats)
+    return Chunk(tail, (), finish_reason=finish, stats=stats, stop_sequence=stop_sequence)
 
 
 # -- vocabularies ------------------------------------------------------------------------

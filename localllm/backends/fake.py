@@ -19,15 +19,13 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from localllm.backends.base import (
     CPU_F16,
-    Chunk,
-    Drafter,
     KVSnapshot,
     LoadOptions,
     MemoryProfile,
@@ -203,28 +201,6 @@ class FakeModel:
     def free_sampler(self, sampler: Any) -> None:
         if isinstance(sampler, _Sampler) and sampler.seq is not None:
             self._generated.pop(sampler.seq, None)
-
-    # -- one sequence at a time --------------------------------------------------------
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        *,
-        should_stop: Callable[[], bool],
-        drafter: Drafter | None = None,
-    ) -> Iterator[Chunk]:
-        sampler = self.new_sampler(params, prompt)
-        limit = params.max_tokens or len(sampler.reply)
-        for n in range(min(limit, len(sampler.reply))):
-            if should_stop():
-                yield Chunk("", (), finish_reason="cancelled")
-                return
-            token = self.sample(sampler, 0, 0)
-            yield Chunk(self.piece(token).decode(errors="replace"), (token,))
-            if n + 1 == limit and limit < len(sampler.reply):
-                yield Chunk("", (), finish_reason="length")
-                return
-        yield Chunk("", (), finish_reason="stop")
 
     def exact_batches(self) -> bool:
         return True

@@ -4,7 +4,7 @@ One context per loaded model with `n_seq` sequences, each in its own KV stream o
 n_ctx tokens (not llama.cpp's unified buffer: a sequence's numerics then never depend
 on what the others hold, which deterministic requests need). The engine's scheduler
 decodes all of them in one `llama_decode` per step (`step`), each sampled by its own
-native sampler chain; `stream()` drives sequence 0 alone. The tokens in each
+native sampler chain (one request alone: engine/single.py). The tokens in each
 sequence's KV are remembered, so a prompt that extends them (the next turn of a
 chat) is prefilled only past the shared prefix, and a prefix another sequence holds
 is copied (`seq_copy`) instead of computed again.
@@ -12,7 +12,6 @@ is copied (`seq_copy`) instead of computed again.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import hashlib
@@ -20,18 +19,14 @@ import importlib.util
 import itertools
 import logging
 import random
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from localllm.backends import lazy_pages, llama_api
+from localllm.backends import lazy_pages
 from localllm.backends.base import (
     DEFAULT_MAX_CTX,
-    Chunk,
-    Drafter,
     FimTokens,
     KVSnapshot,
     LoadOptions,
@@ -45,82 +40,29 @@ from localllm.backends.base import (
 )
 from localllm.backends.common import (
     BATCH,
-    DraftCounts,
     KVLedger,
     batch_bounds,
     chat_tokens,
-    check_request,
     check_scoring,
-    drafted_tokens,
-    emit_chunks,
-    final_chunk,
-    keep_matching,
     penalties,
     pick_logprobs,
     reusable_prefix,
 )
-from localllm.backends.llama_api import LlamaApi
-from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
+from localllm.backends.llamacpp_embed import Embedder
+from localllm.backends.llamacpp_native import (
+    device_name,
+    gpu_offload,
+    has_amx,
+    kv_cells,
+    load_quietly,
+    native,
+)
+from localllm.errors import LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
 log = logging.getLogger(__name__)
-_native_log = logging.getLogger("localllm.llama_cpp")
 
 PENALTY_LAST_N = 64
-# ggml's levels: 1 debug, 2 info, 3 warn, 4 error, 5 continuation of the previous line
-_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
-_state: dict[str, Any] = {}  # keeps the native log callback alive; filled on first load
-
-
-def _ll() -> LlamaApi:
-    """Import llama_cpp once (checked against the declared API), route its native logging
-    into `logging`, init the backend."""
-    ll = llama_api.load()
-
-    if "log_cb" not in _state:
-
-        def on_log(level: int, text: bytes, _user: Any) -> None:
-            py_level = _LEVELS.get(level, logging.DEBUG)
-            held = _state.get("held")
-            if held is not None and py_level >= logging.WARNING:
-                held.append((py_level, text.decode("utf-8", "replace").rstrip()))
-            elif _native_log.isEnabledFor(py_level):
-                _native_log.log(py_level, text.decode("utf-8", "replace").rstrip())
-
-        _state["log_cb"] = ll.llama_log_callback(on_log)
-        ll.llama_log_set(_state["log_cb"], ctypes.c_void_p(0))
-        ll.llama_backend_init()
-    return ll
-
-
-def _load_quietly(ll: LlamaApi, path: Path, mparams: Any) -> tuple[Any, str]:
-    """Load a model holding back llama.cpp's warnings and errors meanwhile: on success they
-    are logged as usual; on failure the first error becomes the reason (one line to the
-    user, not llama.cpp's lines first)."""
-    held: list[tuple[int, str]] = []
-    _state["held"] = held
-    try:
-        model = ll.llama_model_load_from_file(str(path).encode(), mparams)
-    finally:
-        _state.pop("held", None)
-    if model:
-        for level, line in held:
-            _native_log.log(level, line)
-        return model, ""
-    for _level, line in held:
-        _native_log.debug("%s", line)
-    errors = [line for level, line in held if level >= logging.ERROR]
-    return model, errors[0] if errors else ""
-
-
-def _device(ll: Any, n_gpu_layers: int) -> str:
-    if n_gpu_layers == 0:
-        return "cpu"
-    info = ll.llama_print_system_info().decode("utf-8", "replace").upper()
-    for name in ("CUDA", "METAL", "VULKAN", "HIP", "SYCL"):
-        if name in info:
-            return name.lower()
-    return "gpu"
 
 
 class LlamaCppBackend:
@@ -139,66 +81,11 @@ class LlamaCppBackend:
         return LlamaCppModel(ref, options)
 
 
-def has_amx() -> bool:
-    """Whether this CPU has Intel AMX, which a native llama.cpp build then uses."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            return any(line.startswith("flags") and " amx_int8" in line for line in fh)
-    except OSError:
-        return False
-
-
-@contextlib.contextmanager
-def plain_cpu_buffers() -> Iterator[None]:
-    """While open, llama-cpp-python's own `Llama` class loads weights as this backend does
-    on a CPU with AMX (see `has_amx`): benchmarks and tests compare against that class."""
-    import llama_cpp.llama_cpp as native
-
-    if not has_amx():
-        yield
-        return
-    default = native.llama_model_default_params
-
-    def params() -> Any:
-        p = default()
-        p.use_extra_bufts = False
-        return p
-
-    native.llama_model_default_params = params
-    try:
-        yield
-    finally:
-        native.llama_model_default_params = default
-
-
-def kv_cells(n_ctx: int, n_seq: int) -> int:
-    """The KV cells a context of n_seq sequences of n_ctx tokens each allocates (llama.cpp
-    rounds each sequence's share up to a multiple of 256 when there are several)."""
-    if n_seq <= 1:
-        return n_ctx
-    return -(-n_ctx // 256) * 256 * n_seq
-
-
-def gpu_offload() -> bool:
-    """Whether this llama.cpp build can put layers on a GPU."""
-    try:
-        return bool(_ll().llama_supports_gpu_offload())
-    except ImportError:
-        return False
-
-
-EMBED_CTX = 4096  # tokens an embedding context holds (at most the trained context)
-EMBED_SEQS = 8  # inputs embedded in one call
-
-
-_POOLING = {"mean": 1, "cls": 2, "last": 3}  # llama.h's LLAMA_POOLING_TYPE_*
-
-
 class LlamaCppModel:
     """A GGUF model and its context. Not thread-safe: the engine worker is its only user."""
 
     def __init__(self, ref: ModelRef, options: LoadOptions) -> None:
-        ll = self._ll = _ll()
+        ll = self._ll = native()
         mparams = ll.llama_model_default_params()
         offload = ll.llama_supports_gpu_offload()
         n_gpu = 0 if not offload else (999 if options.n_gpu_layers < 0 else options.n_gpu_layers)
@@ -218,7 +105,7 @@ class LlamaCppModel:
 
             self._progress_cb = ll.llama_progress_callback(on_progress)
             mparams.progress_callback = self._progress_cb
-        model, said = _load_quietly(ll, ref.path, mparams)
+        model, said = load_quietly(ll, ref.path, mparams)
         if not model:
             raise ModelLoadError(
                 str(ref.path), f"llama.cpp could not read it: {said or 'no reason given'}"
@@ -250,16 +137,16 @@ class LlamaCppModel:
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
         self._kvs = [KVLedger() for _ in range(n_seq)]
-        self._kv = self._kvs[0]  # stream() and the draft-model calls use sequence 0
+        self._kv = self._kvs[0]  # the draft-model calls use sequence 0
         self._batch = ll.llama_batch_init(BATCH, 0, 1)
         self._rows: dict[int, list[int]] = {}  # seq -> its logits rows in the last step
         self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._piece_cache: dict[int, bytes] = {}
-        self._embed_ctxs: dict[str | None, tuple[Any, int]] = {}  # pooling -> context
         self._threads = threads
+        self._embedder = Embedder(ll, model, threads)
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (ll.llama_token * 1)()
-        self.info = self._describe(ref, n_ctx, n_ctx_train, _device(ll, n_gpu), threads)
+        self.info = self._describe(ref, n_ctx, n_ctx_train, device_name(ll, n_gpu), threads)
         if options.progress is not None:
             options.progress(1.0)
 
@@ -405,11 +292,6 @@ class LlamaCppModel:
         self._ll.llama_memory_clear(self._mem, True)
         for kv in self._kvs:
             kv.clear()
-
-    def _reuse_prefix(self, prompt: Sequence[int]) -> int:
-        """Drop the cached tokens past the reusable prefix; return how many stay."""
-        n = self._kv.reusable(prompt)
-        return n if self._truncate(n) else 0
 
     def _truncate(self, n: int, seq: int = 0) -> bool:
         """Keep the first n KV positions; False (and an empty cache) if llama.cpp cannot."""
@@ -561,87 +443,6 @@ class LlamaCppModel:
                 ll.llama_sampler_accept(chain, tok)
         return chain
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        *,
-        should_stop: Callable[[], bool],
-        drafter: Drafter | None = None,
-    ) -> Iterator[Chunk]:
-        check_request(len(prompt), self.info.n_ctx, params, self.info.n_vocab)
-        return self._generate(prompt, params, should_stop, drafter)
-
-    def _generate(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        should_stop: Callable[[], bool],
-        drafter: Drafter | None,
-    ) -> Iterator[Chunk]:
-        ll, ctx = self._ll, self._ctx
-        t0 = time.perf_counter()
-        cached = self._reuse_prefix(prompt)
-        sampler = self._sampler(params, prompt)
-        try:
-            if not self._decode(prompt[cached:], should_stop):
-                yield final_chunk("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
-                return
-            limit = self.info.n_ctx - len(prompt)
-            if params.max_tokens is not None:
-                limit = min(params.max_tokens, limit)
-            counts = DraftCounts()
-            first = int(ll.llama_sampler_sample(sampler, ctx, -1)) if limit > 0 else -1
-            if drafter is None:
-                source = self._plain_tokens(first, sampler, limit)
-            else:
-
-                def step(tok: int, draft: list[int]) -> tuple[int, int]:
-                    if draft:
-                        return self._verify(tok, draft, sampler)
-                    self._decode_one(tok)
-                    return int(ll.llama_sampler_sample(sampler, ctx, -1)), 0
-
-                source = drafted_tokens(
-                    first,
-                    step,
-                    limit=limit,
-                    kv=self._kv.tokens,
-                    n_ctx=self.info.n_ctx,
-                    drafter=drafter,
-                    counts=counts,
-                )
-            yield from emit_chunks(
-                source if limit > 0 else iter(()),
-                piece=self.piece,
-                params=params,
-                eog=self.info.eog_ids,
-                should_stop=should_stop,
-                n_prompt=len(prompt),
-                cached=cached,
-                t0=t0,
-                counts=counts,
-            )
-        finally:
-            ll.llama_sampler_free(sampler)
-
-    def _plain_tokens(self, first: int, sampler: Any, limit: int) -> Iterator[tuple[int, int]]:
-        """One token per decode step. Each goes out before it is evaluated: the reader
-        gets it one step sooner, and works on it while the next logits are computed."""
-        ll, ctx, one, kv = self._ll, self._ctx, self._one, self._kv.tokens
-        tok = first
-        for n in range(1, limit + 1):
-            yield tok, 0
-            if n == limit:
-                return
-            one[0] = tok
-            rc = ll.llama_decode(ctx, ll.llama_batch_get_one(one, 1))
-            if rc != 0:
-                self._reset_kv()
-                raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
-            kv.append(tok)
-            tok = int(ll.llama_sampler_sample(sampler, ctx, -1))
-
     def _decode_one(self, tok: int) -> None:
         ll, one = self._ll, self._one
         one[0] = tok
@@ -650,33 +451,6 @@ class LlamaCppModel:
             self._reset_kv()
             raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
         self._kv.tokens.append(tok)
-
-    def _verify(self, tok: int, draft: list[int], sampler: Any) -> tuple[int, int]:
-        """Evaluate tok and the draft in one batch; the target samples each position and a
-        draft token is kept while it equals that sample. Returns the first sample that is
-        not a kept draft (a correction, or the token after a fully kept draft) and how
-        many drafts were kept; the rejected drafts leave the KV cache."""
-        ll, kv = self._ll, self._kv.tokens
-        part = [tok, *draft]
-        base = len(kv)
-        batch = ll.llama_batch_init(len(part), 0, 1)
-        try:
-            for i, t in enumerate(part):
-                batch.token[i], batch.pos[i] = t, base + i
-                batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, True
-            batch.n_tokens = len(part)
-            rc = ll.llama_decode(self._ctx, batch)
-        finally:
-            ll.llama_batch_free(batch)
-        if rc != 0:
-            self._reset_kv()
-            raise LocalLLMError(f"llama_decode failed with code {rc} while verifying a draft")
-        kv.extend(part)
-        sampled, n_ok = keep_matching(
-            draft, lambda i: int(ll.llama_sampler_sample(sampler, self._ctx, i))
-        )
-        self._truncate(base + 1 + n_ok)
-        return sampled, n_ok
 
     def exact_batches(self) -> bool:
         if self._exact is None:
@@ -769,100 +543,20 @@ class LlamaCppModel:
         return out
 
     # -- embeddings ----------------------------------------------------------------
-    def _embed_context(self, pooling: str | None) -> tuple[Any, int]:
-        """A second context on the same weights that returns pooled embeddings (one per
-        pooling kind, made on first use), and its size in tokens."""
-        ll = self._ll
-        cached = self._embed_ctxs.get(pooling)
-        if cached is not None:
-            return cached
-        n_ctx = min(self.info.n_ctx_train or EMBED_CTX, EMBED_CTX)
-        params = ll.llama_context_default_params()
-        params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_ctx  # a non-causal model reads an input whole
-        params.n_seq_max = EMBED_SEQS
-        params.kv_unified = True
-        params.embeddings = True
-        params.n_threads = params.n_threads_batch = self._threads
-        params.no_perf = True
-        params.pooling_type = _POOLING.get(pooling or "", ll.LLAMA_POOLING_TYPE_UNSPECIFIED)
-        ctx = ll.llama_init_from_model(self._model, params)
-        if ctx and ll.llama_pooling_type(ctx) == ll.LLAMA_POOLING_TYPE_NONE:
-            ll.llama_free(ctx)  # a chat model has no pooling of its own: mean
-            params.pooling_type = ll.LLAMA_POOLING_TYPE_MEAN
-            ctx = ll.llama_init_from_model(self._model, params)
-        if not ctx:
-            raise LocalLLMError(f"could not create an embedding context of {n_ctx} tokens")
-        self._embed_ctxs[pooling] = (ctx, n_ctx)
-        return ctx, n_ctx
-
     def embed(
         self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
     ) -> tuple[list[list[float]], int]:
-        ll = self._ll
-        ctx, n_ctx = self._embed_context(pooling)
         rows = [
             self._tokenize(x.encode("utf-8"), add_special=True, parse_special=False)
             if isinstance(x, str)
             else list(x)
             for x in inputs
         ]
-        n_vocab = self.info.n_vocab
-        for i, row in enumerate(rows):
-            if not row:
-                raise InvalidRequest(f"input {i} is empty", param="input")
-            bad = next((t for t in row if not 0 <= t < n_vocab), None)
-            if bad is not None:
-                raise InvalidRequest(
-                    f"input {i} has token {bad}, which is not in the vocabulary "
-                    f"(ids 0 to {n_vocab - 1})",
-                    param="input",
-                )
-            if len(row) > n_ctx:
-                raise InvalidRequest(
-                    f"input {i} is {len(row)} tokens; embeddings take at most {n_ctx}",
-                    param="input",
-                    code="context_length_exceeded",
-                )
-        n_embd = int(ll.llama_model_n_embd(self._model))
-        mem = ll.llama_get_memory(ctx)
-        batch = ll.llama_batch_init(n_ctx, 0, EMBED_SEQS)
-        out: list[list[float]] = []
-        try:
-            i = 0
-            while i < len(rows):  # as many inputs per call as fit in the batch
-                group: list[list[int]] = []
-                used = 0
-                while i < len(rows) and len(group) < EMBED_SEQS and used + len(rows[i]) <= n_ctx:
-                    group.append(rows[i])
-                    used += len(rows[i])
-                    i += 1
-                k = 0
-                for seq, row in enumerate(group):
-                    for pos, tok in enumerate(row):
-                        batch.token[k], batch.pos[k] = tok, pos
-                        batch.n_seq_id[k], batch.seq_id[k][0] = 1, seq
-                        batch.logits[k] = True
-                        k += 1
-                batch.n_tokens = k
-                ll.llama_memory_clear(mem, True)
-                rc = ll.llama_decode(ctx, batch)
-                if rc != 0:
-                    raise LocalLLMError(f"llama_decode failed with code {rc} for embeddings")
-                for seq in range(len(group)):
-                    ptr = ll.llama_get_embeddings_seq(ctx, seq)
-                    vec = np.ctypeslib.as_array(ptr, shape=(n_embd,)).astype(np.float64)
-                    norm = float(np.linalg.norm(vec))
-                    out.append((vec / norm if norm > 0 else vec).tolist())
-        finally:
-            ll.llama_batch_free(batch)
-            ll.llama_memory_clear(mem, True)
-        return out, sum(len(r) for r in rows)
+        return self._embedder.embed(rows, self.info, pooling)
 
     def close(self) -> None:
-        for ctx, _ in getattr(self, "_embed_ctxs", {}).values():
-            self._ll.llama_free(ctx)
-        self._embed_ctxs = {}
+        if getattr(self, "_embedder", None) is not None:
+            self._embedder.close()
         ll = self._ll
         if getattr(self, "_batch", None) is not None:
             ll.llama_batch_free(self._batch)

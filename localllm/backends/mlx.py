@@ -20,17 +20,13 @@ import json
 import logging
 import random
 import struct
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
-from localllm.backends import apple_silicon
 from localllm.backends.base import (
-    Chunk,
-    Drafter,
     FimTokens,
     KVSnapshot,
     LoadOptions,
@@ -43,22 +39,17 @@ from localllm.backends.base import (
     default_n_ctx,
 )
 from localllm.backends.common import (
-    DraftCounts,
     KVLedger,
     batch_bounds,
     chat_tokens,
-    check_request,
     check_scoring,
-    drafted_tokens,
-    emit_chunks,
     fim_ids_from_tokens,
-    final_chunk,
-    keep_matching,
     penalties,
     reusable_prefix,
     vocab_fingerprint,
 )
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
+from localllm.hardware import apple_silicon
 from localllm.provenance import imported_quant, read_provenance
 
 log = logging.getLogger(__name__)
@@ -163,7 +154,7 @@ class MlxModel:
         self.n_seq = max(1, options.n_seq)
         self._caches: list[list[Any]] = [self._make_cache() for _ in range(self.n_seq)]
         self._kvs = [KVLedger() for _ in range(self.n_seq)]
-        self._kv = self._kvs[0]  # stream() and the draft-model calls use sequence 0
+        self._kv = self._kvs[0]  # the draft-model calls use sequence 0
         self._logits: dict[int, Any] = {}  # seq -> its logits rows in the last step
         self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._tok_config = _read_json(folder / "tokenizer_config.json")
@@ -293,11 +284,6 @@ class MlxModel:
     def _reset_kv(self, seq: int = 0) -> None:
         self._caches[seq] = self._make_cache()
         self._kvs[seq].clear()
-
-    def _reuse_prefix(self, prompt: Sequence[int]) -> int:
-        """Drop the cached tokens past the reusable prefix; return how many stay."""
-        n = self._kv.reusable(prompt)
-        return n if self._truncate(n) else 0
 
     def _truncate(self, n: int, seq: int = 0) -> bool:
         """Keep the first n KV positions; False (and an empty cache) if a layer cannot."""
@@ -537,31 +523,6 @@ class MlxModel:
 
         return sample
 
-    def stream(
-        self,
-        prompt: Sequence[int],
-        params: SamplingParams,
-        *,
-        should_stop: Callable[[], bool],
-        drafter: Drafter | None = None,
-    ) -> Iterator[Chunk]:
-        check_request(len(prompt), self.info.n_ctx, params, self.info.n_vocab)
-        return self._generate(list(prompt), params, should_stop, drafter)
-
-    def _step_drafted(
-        self, tok: int, draft: list[int], sample: Callable[[Any], Any]
-    ) -> tuple[int, int]:
-        """Evaluate tok and the draft; keep drafts while they equal the target's samples.
-        Returns the first sample that is not a kept draft, and how many were kept."""
-        mx = self._mx
-        base = len(self._kv.tokens)
-        part = [tok, *draft]
-        logits = self._model(mx.array(part)[None], cache=self._cache)
-        self._kv.tokens.extend(part)
-        sampled, n_ok = keep_matching(draft, lambda i: int(sample(logits[:, i, :]).item()))
-        self._truncate(base + 1 + n_ok)
-        return sampled, n_ok
-
     def exact_batches(self) -> bool:
         if self._exact is None:
             mx, base = self._mx, len(self._kv.tokens)
@@ -589,82 +550,6 @@ class MlxModel:
             tok = int(mx.argmax(logits[:, -1, :], axis=-1).item())
             out.append(tok)
         return out
-
-    def _generate(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        should_stop: Callable[[], bool],
-        drafter: Drafter | None,
-    ) -> Iterator[Chunk]:
-        t0 = time.perf_counter()
-        cached = self._reuse_prefix(prompt)
-        try:
-            if not self._prefill(prompt[cached:-1], should_stop):
-                yield final_chunk("", "cancelled", len(prompt), cached, 0, t0, t0, t0)
-                return
-        except Exception as exc:
-            self._reset_kv()
-            raise LocalLLMError(f"MLX failed while reading the prompt: {exc}") from exc
-        sample = self._sampler(params, prompt)
-        limit = self.info.n_ctx - len(prompt)
-        if params.max_tokens is not None:
-            limit = min(params.max_tokens, limit)
-        counts = DraftCounts()
-        if limit <= 0:
-            source: Iterator[tuple[int, int]] = iter(())
-        elif drafter is None:
-            source = self._plain_tokens(prompt[-1], sample, limit)
-        else:
-            # not pipelined: each step waits for its logits, since the next step depends
-            # on how many drafts were kept
-            first = self._step_drafted(prompt[-1], [], sample)[0]
-            source = drafted_tokens(
-                first,
-                lambda tok, draft: self._step_drafted(tok, draft, sample),
-                limit=limit,
-                kv=self._kv.tokens,
-                n_ctx=self.info.n_ctx,
-                drafter=drafter,
-                counts=counts,
-            )
-        pieces = self._pieces
-        yield from emit_chunks(
-            source,
-            piece=lambda tok: pieces[tok] if tok < len(pieces) else b"",
-            params=params,
-            eog=self.info.eog_ids,
-            should_stop=should_stop,
-            n_prompt=len(prompt),
-            cached=cached,
-            t0=t0,
-            counts=counts,
-        )
-
-    def _plain_tokens(
-        self, last: int, sample: Callable[[Any], Any], limit: int
-    ) -> Iterator[tuple[int, int]]:
-        """One token per step, pipelined: the next step is built on the still-lazy token
-        and queued before waiting for it, so MLX never idles between steps; it then also
-        runs while the caller handles this token. (At the end of an answer one step is
-        spare.)"""
-        mx, model, cache, kv = self._mx, self._model, self._cache, self._kv.tokens
-
-        def step(tokens: Any) -> Any:
-            return sample(model(tokens[None], cache=cache)[:, -1, :])
-
-        y = step(mx.array([last]))
-        kv.append(last)
-        mx.async_eval(y)
-        for n in range(1, limit + 1):
-            nxt = step(y) if n < limit else None
-            if nxt is not None:
-                mx.async_eval(nxt)
-            tok = int(y.item())
-            if nxt is not None:
-                kv.append(tok)  # its KV is being written by the queued step
-            yield tok, 0
-            y = nxt
 
     # -- scoring (perplexity) ------------------------------------------------------
     def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:

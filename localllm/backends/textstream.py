@@ -18,6 +18,7 @@ class TextAssembler:
         self._stops = tuple(s for s in stop if s)
         self._pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that was seen
 
     def push(self, data: bytes) -> str:
         """Add one token's bytes; return the text that is now safe to emit.
@@ -46,6 +47,7 @@ class TextAssembler:
             i = text.find(s)
             if i >= 0 and (best < 0 or i < best):
                 best = i
+                self.matched = s
         return best
 
     def _scan(self, text: str) -> str:

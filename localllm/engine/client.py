@@ -1,6 +1,6 @@
 """What the routes, the chat and the CLI may ask of the engine: `EngineClient`.
 
-`Engine` (engine/worker.py) is the one implementation; the clients are typed against
+`Engine` (engine/engine.py) is the one implementation; the clients are typed against
 this protocol, so they cannot reach into the engine's parts (its store, prompt cache,
 counters or loaded models), and a route test can stand a `Mock(spec=EngineClient)` in
 its place and check the request it was handed. What the engine is doing is read as
@@ -22,8 +22,8 @@ from localllm.models.sampling import Recommended
 
 if TYPE_CHECKING:
     from localllm.engine.remote_route import Remotes
+    from localllm.engine.request import Request
     from localllm.engine.stream import ChunkStream
-    from localllm.engine.worker import Request
 
 State = Literal["idle", "loading", "ready", "error"]
 T = TypeVar("T")

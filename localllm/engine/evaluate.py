@@ -15,13 +15,13 @@ from importlib import resources
 from pathlib import Path
 
 from localllm.backends.base import (
-    CoreModel,
     LoadedModel,
     LoadOptions,
     Message,
     ModelRef,
     SamplingParams,
 )
+from localllm.engine import single
 from localllm.errors import InvalidRequest
 
 DEFAULT_WINDOW = 512
@@ -81,12 +81,12 @@ def perplexity(
     return Perplexity(math.exp(total / scored), scored, n_windows, len(tokens))
 
 
-def decode_speed(model: CoreModel, n_tokens: int = SPEED_TOKENS) -> float:
+def decode_speed(model: LoadedModel, n_tokens: int = SPEED_TOKENS) -> float:
     """Greedy decode tokens/s for a fixed short prompt (after the first token)."""
     prompt = model.render_chat([Message("user", SPEED_PROMPT)])
     params = SamplingParams(temperature=0.0, max_tokens=n_tokens)
     tps = 0.0
-    for chunk in model.stream(prompt, params, should_stop=lambda: False):
+    for chunk in single.stream(model, prompt, params, should_stop=lambda: False):
         if chunk.stats is not None:
             tps = chunk.stats.decode_tps
     return tps

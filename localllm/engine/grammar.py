@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from localllm.backends.base import LoadedModel
+from localllm.backends.base import Decoding
 from localllm.backends.tools import JSON_OPTIONS, TOOL_OPTIONS, closed
 from localllm.errors import InvalidRequest, LocalLLMError
 
@@ -80,7 +80,7 @@ class _Vocabulary:
     """What llguidance's TokenizerWrapper reads from a tokenizer: every token's bytes, the
     special tokens, and a tokenize function (llguidance calls it with bytes)."""
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: Decoding) -> None:
         self.tokens, self.special_token_ids = model.vocab_bytes()
         info = model.info
         self.eos_token_id = min(info.eog_ids) if info.eog_ids else 0
@@ -92,7 +92,7 @@ class _Vocabulary:
         return self._tokenize(text)
 
 
-def tokenizer(model: LoadedModel) -> Any:
+def tokenizer(model: Decoding) -> Any:
     """llguidance's tokenizer for a loaded model, built once per model (~1 s for a 50k
     vocabulary) on first use."""
     with _lock:
@@ -112,7 +112,7 @@ def tokenizer(model: LoadedModel) -> Any:
 class Constraint:
     """One request's grammar state on one model."""
 
-    def __init__(self, model: LoadedModel, grammar: str) -> None:
+    def __init__(self, model: Decoding, grammar: str) -> None:
         llg = _llg()
         self._n_vocab = model.info.n_vocab
         self._matcher = llg.LLMatcher(tokenizer(model), grammar, log_level=0)

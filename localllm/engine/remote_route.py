@@ -17,17 +17,30 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from localllm.backends import reasoning
-from localllm.backends.base import Chunk, GenerationStats, Message
+from localllm.backends.base import Chunk, GenerationStats, Message, ToolCall
 from localllm.backends.remote import RemoteModel, Upstream
+from localllm.backends.tools import new_call_id
 from localllm.config import RouteRule, Settings
-from localllm.engine.stream import END, ChunkStream, Started, chunks_of
+from localllm.engine.request import END, Request, Started
+from localllm.engine.stream import ChunkStream, chunks_of
 from localllm.errors import InvalidRequest, LocalLLMError, RemoteRejected, RemoteUnavailable
 
-if TYPE_CHECKING:
-    from localllm.engine.worker import Engine, Request
+
+class Host(Protocol):
+    """What a remote request needs of the engine that fronts it (engine/engine.py)."""
+
+    def submit_local(
+        self, request: Request, emit: Callable[[Any], None], cancel: threading.Event | None = None
+    ) -> None: ...
+
+    async def finished_remote(
+        self, request: Request, model: str, final: Chunk, seconds: float
+    ) -> None: ...
+
+    def cancelled_remote(self) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +207,9 @@ def body_of(request: Request, model_id: str) -> tuple[str, dict[str, Any]]:
 
 
 class _Reply:
-    """What the engine's events add up to: the text, the calls, the usage."""
+    """What the engine's events add up to: the text, the reasoning, the calls, the usage.
+    An engine that parses reasoning (vLLM's and SGLang's reasoning parsers) and tool calls
+    sends them apart from the text; they stay apart (engine/output.py passes them on)."""
 
     def __init__(self) -> None:
         self.calls: dict[int, dict[str, str]] = {}
@@ -202,53 +217,53 @@ class _Reply:
         self.usage: dict[str, Any] | None = None
         self.pieces = 0  # content deltas: one token each on vLLM, SGLang and llama-server
         self.first: float | None = None
-        self.thinking = False  # inside the engine's reasoning (sent as a think block)
 
-    def text_of(self, event: dict[str, Any]) -> str:
-        """The event's new text; calls and usage are noted."""
+    def delta_of(self, event: dict[str, Any]) -> tuple[str, str]:
+        """The event's new (text, reasoning); calls and usage are noted."""
         if isinstance(event.get("usage"), dict):
             self.usage = event["usage"]
-        text = ""
+        text = thought = ""
         for choice in event.get("choices") or []:
             if choice.get("finish_reason"):
                 self.finish = choice["finish_reason"]
             delta = choice.get("delta") or {}
             piece = delta.get("content") if "delta" in choice else choice.get("text")
-            # an engine's reasoning parser (vLLM, SGLang) sends it apart: it travels here
-            # as the think block it was, and the route splits it off again
-            thought = delta.get("reasoning_content") or delta.get("reasoning")
-            if thought:
-                text += ("" if self.thinking else reasoning.OPEN) + thought
-                self.thinking = True
-            if piece:
-                if self.thinking:
-                    text += reasoning.CLOSE
-                    self.thinking = False
-                text += piece
+            thought += delta.get("reasoning_content") or delta.get("reasoning") or ""
+            text += piece or ""
             for call in delta.get("tool_calls") or []:
-                into = self.calls.setdefault(int(call.get("index", 0)), {"name": "", "args": ""})
+                into = self.calls.setdefault(
+                    int(call.get("index", 0)), {"id": "", "name": "", "args": ""}
+                )
+                into["id"] = into["id"] or call.get("id") or ""
                 function = call.get("function") or {}
                 into["name"] += function.get("name") or ""
                 into["args"] += function.get("arguments") or ""
-        if text:
+        if text or thought:
             self.pieces += 1
             if self.first is None:
                 self.first = time.monotonic()
-        return text
+        return text, thought
 
-    def calls_text(self) -> str:
-        """The calls written as Hermes tool calls: the route's reply reader turns them
-        back into OpenAI, Ollama or Anthropic tool calls, as it does a local model's
-        (after the reasoning's end, if the reply ended inside it)."""
-        out = reasoning.CLOSE if self.thinking else ""
+    def tool_calls(self, engine: str) -> tuple[ToolCall, ...]:
+        """The calls the engine made, whole; RemoteRejected for one whose arguments are
+        not a JSON object (nothing is passed on altered)."""
+        out = []
         for _, call in sorted(self.calls.items()):
+            args = call["args"] or "{}"
             try:
-                arguments = json.loads(call["args"] or "{}")
+                parsed = json.loads(args)
             except ValueError:
-                arguments = call["args"]
-            payload = json.dumps({"name": call["name"], "arguments": arguments})
-            out += f"<tool_call>\n{payload}\n</tool_call>"
-        return out
+                parsed = None
+            if not isinstance(parsed, dict):
+                raise RemoteRejected(
+                    engine,
+                    502,
+                    f"it sent a call of {call['name']!r} whose arguments are not a JSON "
+                    f"object: {args[:200]!r}",
+                )
+            arguments = json.dumps(parsed, ensure_ascii=False)
+            out.append(ToolCall(call["id"] or new_call_id(), call["name"], arguments))
+        return tuple(out)
 
 
 COUNT_ROUTES = ("/tokenize", "/extras/tokenize/count")
@@ -279,7 +294,7 @@ async def _prompt_count(up: Upstream, model_id: str, body: dict[str, Any]) -> in
 
 
 async def answer(
-    engine: Engine, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
+    engine: Host, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
 ) -> None:
     """Run one request on a remote engine, feeding Started, chunks and END (or the
     error) to `feed`; the local fallback answers when the engine cannot and has one."""
@@ -291,14 +306,12 @@ async def answer(
     events = up.stream(path, body)
     try:
         async for event in events:
-            text = reply.text_of(event)
+            text, thought = reply.delta_of(event)
             if not started:
-                fmt = "hermes" if request.tools is not None else None
-                mode = "tags" if request.messages is not None else None
-                feed(Started(name, 0, tool_format=fmt, backend="remote", reasoning=mode))
+                feed(Started(name, 0, backend="remote"))
                 started = True
-            if text:
-                feed(Chunk(text, ()))
+            if text or thought:
+                feed(Chunk(text, (), reasoning=thought))
     except RemoteUnavailable as exc:
         if started or not up.remote.fallback:
             raise
@@ -329,17 +342,18 @@ async def answer(
     tps = (generated - 1) / (ended - first) if generated > 1 and ended > first else 0.0
     stats = GenerationStats(int(prompt), int(cached), int(generated), first - begun, tps)
     final = Chunk(
-        reply.calls_text(),
+        "",
         (),
         finish_reason="length" if reply.finish == "length" else "stop",
         stats=stats,
+        tool_calls=reply.tool_calls(up.name),
     )
-    engine.finished_remote(request, name, final, ended - begun)
+    await engine.finished_remote(request, name, final, ended - begun)
     feed(final)
 
 
 async def _fallback(
-    engine: Engine,
+    engine: Host,
     request: Request,
     fallback: str,
     asked: str,
@@ -369,7 +383,7 @@ def _settle(done: asyncio.Future[Any], item: Any) -> None:
         done.set_result(item)
 
 
-def submit(engine: Engine, request: Request, up: Upstream, model_id: str) -> ChunkStream:
+def submit(engine: Host, request: Request, up: Upstream, model_id: str) -> ChunkStream:
     """The remote request as a stream read on this event loop; cancelling the stream
     cancels the task, which closes the engine's connection."""
     loop = asyncio.get_running_loop()
@@ -384,12 +398,12 @@ def submit(engine: Engine, request: Request, up: Upstream, model_id: str) -> Chu
 
 
 async def _pump(
-    engine: Engine, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
+    engine: Host, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
 ) -> None:
     try:
         await answer(engine, request, up, model_id, feed)
     except asyncio.CancelledError:
-        engine.totals["cancelled"] += 1
+        engine.cancelled_remote()
         feed(END)
         return
     except LocalLLMError as exc:
@@ -403,7 +417,7 @@ async def _pump(
 
 
 def generate(
-    engine: Engine, request: Request, up: Upstream, model_id: str, cancel: threading.Event
+    engine: Host, request: Request, up: Upstream, model_id: str, cancel: threading.Event
 ) -> Iterator[Chunk]:
     """Synchronous twin for callers without an event loop (the CLI's `run`)."""
     import queue

@@ -2,7 +2,7 @@
 
 Each loaded model has a `Scheduler` with `n_seq` slots (the `parallel` setting).
 A request joins at the next step and leaves when it ends; none waits for another
-to finish. One step is one batched call of the backend (`LoadedModel.step`):
+to finish. One step is one batched call of the backend (`Decoding.step`):
 
 - every sequence that is decoding contributes its next token (and, when it is the
   only sequence, the drafts that speculative decoding proposes for it);
@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 from localllm.backends.base import (
     Chunk,
+    Decoding,
     Drafter,
     FinishReason,
-    LoadedModel,
     SeqWork,
     TokenLogprob,
 )
@@ -48,10 +45,11 @@ from localllm.backends.common import (
     final_chunk,
     keep_matching,
     reusable_prefix,
+    token_logprob,
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.grammar import Constraint
-from localllm.engine.stream import END, Started
+from localllm.engine.request import END, Job, Request, Started
 from localllm.errors import LocalLLMError
 
 log = logging.getLogger(__name__)
@@ -64,7 +62,7 @@ INTERACTIVE_MAX_TOKENS = 64  # a raw completion asking for at most this many is 
 class Running:
     """One admitted request: its sequence, its prompt read so far, its output so far."""
 
-    job: Any  # worker._Job
+    job: Job
     seq: int
     prompt: list[int]
     done: int  # prompt tokens in the KV cache (cached ones included)
@@ -101,29 +99,32 @@ class Admission:
     exact: bool
 
 
+class Hooks(Protocol):
+    """What a model's scheduler asks of the engine at the three points of a request's
+    life (engine/lifecycle.py is the one implementation)."""
+
+    def admit(self, job: Job) -> Admission:
+        """The request made ready to run, or the typed error it fails with."""
+        ...
+
+    def prepare(self, prompt: list[int], seq: int, exact: bool) -> None:
+        """Put the best cached KV state for `prompt` into sequence `seq`."""
+        ...
+
+    def ended(self, job: Job, run: Running, final: Chunk | None) -> None:
+        """The request ended: with its final chunk, or None when it failed."""
+        ...
+
+
 class Scheduler:
-    """The running batch of one model. Owned by the engine's worker thread.
+    """The running batch of one model. Owned by the engine's worker thread; `hooks` are
+    told when a request is admitted, placed in a sequence and ended (Hooks above)."""
 
-    `prepare(job)` turns a job into an Admission (it renders the prompt and may raise a
-    typed error for the job); `prepare_seq(prompt, seq, exact)` lets the prompt cache
-    put the best KV state into the chosen slot; `on_end(job, running, final)` is told
-    when a request ends (None for a failure).
-    """
-
-    def __init__(
-        self,
-        model: LoadedModel,
-        *,
-        prepare: Callable[[Any], Admission],
-        prepare_seq: Callable[[list[int], int, bool], None],
-        on_end: Callable[[Any, Running, Chunk | None], None],
-    ) -> None:
+    def __init__(self, model: Decoding, hooks: Hooks) -> None:
         self.model = model
-        self._prepare = prepare
-        self._prepare_seq = prepare_seq
-        self._on_end = on_end
-        self._ended: list[tuple[Any, Any]] = []  # (job, END or its error), sent by flush()
-        self.waiting: list[Any] = []
+        self._hooks = hooks
+        self._ended: list[tuple[Job, Any]] = []  # (job, END or its error), sent by flush()
+        self.waiting: list[Job] = []
         self.active: dict[int, Running] = {}
         self._last_used = [0.0] * model.n_seq
         self._arrivals = 0
@@ -148,7 +149,7 @@ class Scheduler:
                 return False
         return False
 
-    def add(self, job: Any) -> None:
+    def add(self, job: Job) -> None:
         self._arrivals += 1
         job.arrival = self._arrivals
         self.waiting.append(job)
@@ -220,13 +221,13 @@ class Scheduler:
             if deterministic:
                 return
 
-    def _start(self, job: Any, free: list[int]) -> None:
-        adm = self._prepare(job)
+    def _start(self, job: Job, free: list[int]) -> None:
+        adm = self._hooks.admit(job)
         model, prompt = self.model, adm.prompt
         seq = max(
             free, key=lambda s: (common_prefix(model.seq_tokens(s), prompt), -self._last_used[s])
         )
-        self._prepare_seq(prompt, seq, adm.exact)
+        self._hooks.prepare(prompt, seq, adm.exact)
         cached = reusable_prefix(model.seq_tokens(seq, exact=adm.exact), prompt, exact=adm.exact)
         if not model.seq_keep(seq, cached):
             cached = 0
@@ -401,14 +402,15 @@ class Scheduler:
             time.perf_counter(),
             proposed=r.counts.proposed,
             accepted=r.counts.accepted,
+            stop_sequence=r.text.matched if finish == "stop" else None,
         )
         self._release(r)
-        self._on_end(r.job, r, chunk)
+        self._hooks.ended(r.job, r, chunk)
         self._ended.append((r.job, END))
 
     def _drop(self, r: Running, error: LocalLLMError) -> None:
         self._release(r)
-        self._on_end(r.job, r, None)
+        self._hooks.ended(r.job, r, None)
         self._ended.append((r.job, error))
 
     def _release(self, r: Running) -> None:
@@ -417,31 +419,17 @@ class Scheduler:
         self.model.free_sampler(r.sampler)
 
 
-def token_logprob(logits: Any, token: int, top: int, piece: Callable[[int], bytes]) -> TokenLogprob:
-    """A token's log probability under raw logits, and the `top` most likely tokens'."""
-    x = np.asarray(logits, dtype=np.float64)
-    peak = x.max()
-    norm = peak + np.log(np.exp(x - peak).sum())
-    best: tuple[tuple[int, float, bytes], ...] = ()
-    if top > 0:
-        ids = np.argpartition(-x, top - 1)[:top]
-        ids = ids[np.argsort(-x[ids], kind="stable")]
-        best = tuple((int(i), float(x[i] - norm), piece(int(i))) for i in ids)
-    return TokenLogprob(token, float(x[token] - norm), piece(token), best)
+def _ready(job: Job) -> bool:
+    """Whether a waiting job can start: its prompt has been read."""
+    return job.ready
 
 
-def _ready(job: Any) -> bool:
-    """Whether a waiting job can start: its prompt has been read (jobs without the notion
-    always can)."""
-    return bool(getattr(job, "ready", True))
-
-
-def _interactive(request: Any) -> bool:
+def _interactive(request: Request) -> bool:
     """Autocomplete and requests marked high priority go first."""
     if request.priority == "high":
         return True
-    small = request.params.max_tokens is not None
-    small = small and request.params.max_tokens <= INTERACTIVE_MAX_TOKENS
+    limit = request.params.max_tokens
+    small = limit is not None and limit <= INTERACTIVE_MAX_TOKENS
     return request.messages is None and small
 
 
@@ -453,7 +441,7 @@ def _aligned_part(done: int, n_prompt: int) -> int:
     return min((done // ALIGN + 1) * ALIGN, n_prompt - 1) - done
 
 
-def end_unstarted(job: Any, model: str) -> None:
+def end_unstarted(job: Job, model: str) -> None:
     """A request abandoned while it waited: it ends the usual way, with nothing generated
     (its caller then sends END)."""
     from localllm.backends.base import GenerationStats

@@ -1,5 +1,6 @@
 """The bridge from the engine's worker thread to an event loop: a request's stream of
-chunks, read with `async for` (or at the reader's own pace with `batches`)."""
+chunks, read with `async for`, or as typed deltas (engine/output.py) at the reader's own
+pace with `deltas`, or whole with `collect`."""
 
 from __future__ import annotations
 
@@ -8,30 +9,12 @@ import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
-from localllm.backends.base import Chunk, TokenLogprob
+from localllm.backends.base import Chunk, TokenLogprob, ToolCall
+from localllm.engine.output import Delta, OutputProcessor
+from localllm.engine.request import END, Started
 
-
-@dataclass(frozen=True, slots=True)
-class Started:
-    """Sent once a request's prompt is rendered and fits: the stream will now produce chunks."""
-
-    model: str
-    prompt_tokens: int
-    dropped_messages: int = 0  # by the truncate-oldest policy
-    prompt_tokens_before: int = 0  # the prompt's length before those were dropped
-    tool_format: str | None = None  # how the reply writes tool calls (backends/tools.py)
-    backend: str | None = None  # "remote" for a remote engine's model (else not said)
-    # how the reply may carry reasoning (backends/reasoning.py): "open", "tags" or None
-    reasoning: str | None = None
-    # a remote that could not answer, when its local fallback does instead, and why
-    fallback_from: str | None = None
-    note: str | None = None
-
-
-END = object()  # the worker's last item for a request
 _TIMEOUT = object()
 
 
@@ -73,6 +56,7 @@ class ChunkStream:
         self._waiter: asyncio.Future[None] | None = None
         self._eager = True  # wake the reader for every item
         self.info: Started | None = None
+        self.output: OutputProcessor | None = None  # made from `info`
         self._done = False
         self.on_cancel: Callable[[], None] | None = None  # told once, on cancel()
 
@@ -119,6 +103,7 @@ class ChunkStream:
             if not isinstance(item, Started):
                 raise RuntimeError("worker protocol: expected Started first")
             self.info = item
+            self.output = OutputProcessor(item)
         return self.info
 
     def __aiter__(self) -> AsyncIterator[Chunk]:
@@ -145,47 +130,62 @@ class ChunkStream:
             raise StopAsyncIteration
         return item
 
-    async def batches(self, due_in: Callable[[], float]) -> AsyncIterator[tuple[str, Chunk | None]]:
-        """The answer's text in pieces, for readers that draw it at their own pace.
-
-        A piece comes when `due_in()` (seconds until the reader wants to draw again)
-        reaches 0, the first one at once; the last comes with the final chunk. Tokens
-        that arrive before a piece is due do not wake the reader, and a piece holds all
-        that arrived before it (what waited in the queue is taken first, so the screen
-        is never an interval behind the model).
-        """
-        async for text, _, final in self.pieces(due_in):
-            yield text, final
-
-    async def pieces(
-        self, due_in: Callable[[], float]
-    ) -> AsyncIterator[tuple[str, list[TokenLogprob], Chunk | None]]:
-        """As `batches`, with the log probabilities of each piece's tokens (when asked)."""
-        pending = ""
-        scores: list[TokenLogprob] = []
+    async def deltas(self, due_in: Callable[[], float]) -> AsyncIterator[Delta]:
+        """The answer as typed deltas, at the reader's pace (as `batches` paces text): a
+        delta comes when `due_in()` reaches 0 and something is there to say, the last one
+        with the final chunk. Text held back (a think tag or a tool call in the making)
+        waits in the processor, not in the delta."""
+        await self.started()
+        output = self.output
+        assert output is not None
+        pending = Delta()
         while True:
-            if pending and not self._items and due_in() == 0.0:
-                yield pending, scores, None
-                pending, scores = "", []
+            if not pending.empty and not self._items and due_in() == 0.0:
+                yield pending
+                pending = Delta()
             try:
-                # before a piece is due, tokens need not wake us; after it, the next one does
                 chunk = await self.next(due_in() or None)
             except StopAsyncIteration:
-                if pending:
-                    yield pending, scores, None
+                if not pending.empty:
+                    yield pending
                 return
             except Exception:
-                if pending:
-                    yield pending, scores, None  # what arrived before the failure
+                if not pending.empty:
+                    yield pending  # what arrived before the failure
                 raise
             if chunk is None:
                 continue
-            scores += chunk.logprobs
-            if chunk.finish_reason is not None:
-                yield pending + chunk.text, scores, chunk
-                pending, scores = "", []
-            else:
-                pending += chunk.text
+            pending = pending + output.chunk(chunk)
+            if pending.final is not None:
+                yield pending
+                pending = Delta()
+
+    async def collect(self, wake_s: float) -> Delta:
+        """The whole answer as one delta. Tokens do not wake this reader one by one (it
+        asks with a `wake_s` timeout, so only the final chunk, an error or the end does)."""
+        await self.started()
+        output = self.output
+        assert output is not None
+        texts: list[str] = []
+        thoughts: list[str] = []
+        scores: list[TokenLogprob] = []
+        calls: list[ToolCall] = []
+        final: Chunk | None = None
+        while True:
+            try:
+                chunk = await self.next(wake_s)
+            except StopAsyncIteration:
+                break
+            if chunk is None:
+                continue
+            delta = output.chunk(chunk)
+            texts.append(delta.text)
+            thoughts.append(delta.reasoning)
+            scores += delta.logprobs
+            calls += delta.tool_calls
+            final = delta.final or final
+        text, thought = "".join(texts), "".join(thoughts)
+        return Delta(text, thought, tuple(scores), tuple(calls), final)
 
     def cancel(self) -> None:
         self._cancel.set()

@@ -153,7 +153,7 @@ def import_gguf(
 
         raise BackendUnavailable("mlx", backend_hint("mlx")) from None
 
-    from localllm.models.quantize import CONVERT_PREFIX, staging_dir, sweep_stale
+    from localllm.models.staging import CONVERT_PREFIX, staging_dir, sweep_stale
 
     sweep_stale(models_dir)  # a killed conversion's leftovers
     staging = staging_dir(models_dir, CONVERT_PREFIX, target.name)

@@ -27,6 +27,7 @@ from typing import Any
 from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError, QuantizeFailed
 from localllm.models.gguf import read_gguf
+from localllm.models.staging import STAGING_PREFIX, staging_dir, sweep_stale
 from localllm.provenance import PROVENANCE, read_provenance
 from localllm.units import format_bytes
 
@@ -41,11 +42,7 @@ UNQUANTIZED = ("F32", "F16", "BF16")
 _BPW = {"f16": 16.0, "q4_0": 4.5, "q4_1": 5.0, "q8_0": 8.5, "q4_k_m": 4.5, "q5_k_m": 5.5}
 _FALLBACK_BPW = {"q4_k_m": 5.5, "q5_k_m": 6.0}  # q5_0, q5_1
 QK_K = 256  # K-quant super-block: rows must be a multiple of it
-STAGING_PREFIX = ".quantize-"
-CONVERT_PREFIX = ".convert-"
-STAGING_PREFIXES = (STAGING_PREFIX, CONVERT_PREFIX)
 HELDOUT_LABEL = "the held-out text (localllm/data/heldout.txt)"
-_OWNER = "owner.pid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,36 +244,6 @@ def _writable_free(models_dir: Path, where: str) -> int:
         raise QuantizeFailed(
             where, f"cannot write to the store {models_dir} ({exc.strerror or exc})"
         ) from None
-
-
-def staging_dir(models_dir: Path, prefix: str, name: str) -> Path:
-    """A hidden folder in the store for a model being written, marked with this process's
-    id so that `sweep_stale` can tell a killed run's leftovers from a running one."""
-    models_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f"{prefix}{name}-", dir=models_dir))
-    (staging / _OWNER).write_text(str(os.getpid()))
-    return staging
-
-
-def sweep_stale(models_dir: Path) -> list[Path]:
-    """Remove staging folders whose process is gone (a killed quantization's or
-    conversion's leftovers)."""
-    import psutil
-
-    removed: list[Path] = []
-    if not models_dir.is_dir():
-        return removed
-    folders = [f for prefix in STAGING_PREFIXES for f in models_dir.glob(prefix + "*")]
-    for folder in folders:
-        try:
-            pid = int((folder / _OWNER).read_text())
-        except (OSError, ValueError):
-            pid = 0
-        if pid and pid != os.getpid() and psutil.pid_exists(pid):
-            continue
-        shutil.rmtree(folder, ignore_errors=True)
-        removed.append(folder)
-    return removed
 
 
 # -- running -----------------------------------------------------------------------------

@@ -16,17 +16,18 @@ from localllm import __version__
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting
 from localllm.engine.client import EngineClient
+from localllm.server.admin import router as admin_router
+from localllm.server.anthropic.routes import router as anthropic_router
 from localllm.server.errors import install_error_handlers
 from localllm.server.guard import Guard, origin_pattern
+from localllm.server.llamacpp.routes import router as llamacpp_router
 from localllm.server.metrics import Telemetry
+from localllm.server.ollama.embeddings import router as ollama_embeddings_router
+from localllm.server.ollama.routes import router as ollama_router
+from localllm.server.openai.embeddings import router as embeddings_router
+from localllm.server.openai.routes import router
 from localllm.server.openapi import install_openapi
-from localllm.server.protocol import error_for
-from localllm.server.routes_admin import router as admin_router
-from localllm.server.routes_anthropic import router as anthropic_router
-from localllm.server.routes_embeddings import router as embeddings_router
-from localllm.server.routes_llamacpp import router as llamacpp_router
-from localllm.server.routes_ollama import router as ollama_router
-from localllm.server.routes_openai import router
+from localllm.server.wire import error_for
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,7 @@ def create_app(
     app.include_router(ollama_router)
     app.include_router(anthropic_router)
     app.include_router(embeddings_router)
+    app.include_router(ollama_embeddings_router)
     app.include_router(llamacpp_router)
     install_openapi(app)
 
@@ -122,6 +124,7 @@ def create_app(
         ollama_router,
         anthropic_router,
         embeddings_router,
+        ollama_embeddings_router,
         llamacpp_router,
     ]
     every = [r for each in routers for r in each.routes] + list(app.routes)

@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localllm.errors import LocalLLMError, ServerBusy
-from localllm.server.protocol import error_for
+from localllm.server.wire import error_for
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting, Key
-from localllm.server.protocol import error_for
+from localllm.server.wire import error_for
 
 access_log = logging.getLogger("localllm.access")
 

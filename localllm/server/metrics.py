@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from localllm.backends.base import Chunk
 from localllm.engine.client import EngineClient
-from localllm.engine.worker import Request as EngineRequest
+from localllm.engine.request import Request as EngineRequest
 
 _PENDING_MAX = 4096  # requests whose response has not ended yet
 

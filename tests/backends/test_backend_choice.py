@@ -13,8 +13,9 @@ from localllm import backends
 from localllm.backends.base import ModelRef
 from localllm.config import Settings
 from localllm.engine import placement
+from localllm.engine.engine import Engine
 from localllm.engine.placement import plan
-from localllm.engine.worker import Engine, Request
+from localllm.engine.request import Request
 from localllm.errors import BackendUnavailable
 from tests.conftest import THREADS
 from tests.gguf_fixtures import copy_with_metadata

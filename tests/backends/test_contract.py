@@ -6,6 +6,7 @@ import pytest
 
 from localllm.backends.base import Chunk, LoadedModel, Message, ModelRef, SamplingParams
 from localllm.backends.common import ALIGN
+from localllm.engine import single
 from localllm.errors import ContextOverflow, InvalidRequest
 from localllm.models.gguf import read_gguf
 from tests.conftest import CONTRACT_CTX
@@ -15,7 +16,7 @@ NEVER = lambda: False  # noqa: E731
 
 
 def run(model: LoadedModel, prompt: list[int], params: SamplingParams) -> list[Chunk]:
-    return list(model.stream(prompt, params, should_stop=NEVER))
+    return list(single.stream(model, prompt, params, should_stop=NEVER))
 
 
 def chat(model: LoadedModel, text: str) -> list[int]:
@@ -121,7 +122,7 @@ def test_cancel_between_tokens(loaded: LoadedModel):
         return len(seen) >= 3
 
     final = None
-    for c in loaded.stream(chat(loaded, "Write a long essay about rivers."),
+    for c in single.stream(loaded, chat(loaded, "Write a long essay about rivers."),
                            SamplingParams(temperature=0.0, max_tokens=200),
                            should_stop=stop_after_three):
         seen.extend(c.tokens)
@@ -135,7 +136,7 @@ def test_context_overflow_before_compute(loaded: LoadedModel):
     prompt = loaded.tokenize("word " * (n_ctx + 10))
     assert len(prompt) > n_ctx
     with pytest.raises(ContextOverflow) as err:
-        loaded.stream(prompt, GREEDY, should_stop=NEVER)  # raises before iteration starts
+        single.stream(loaded, prompt, GREEDY, should_stop=NEVER)  # raises before iteration starts
     assert err.value.prompt_tokens == len(prompt) and err.value.n_ctx == n_ctx
     assert str(n_ctx) in err.value.message and str(len(prompt)) in err.value.message
 

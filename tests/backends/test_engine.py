@@ -12,13 +12,16 @@ import pytest
 
 from localllm.backends.base import Message, ModelRef, SamplingParams
 from localllm.config import Settings
-from localllm.engine import worker as worker_mod
-from localllm.engine.worker import Engine, Request
+from localllm.engine import residency as residency_mod
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.errors import ContextOverflow, LocalLLMError, ModelNotFound, ServerBusy
 from localllm.models.store import ModelStore
+from tests.conftest import loads_model
 
 
 @pytest.fixture
+@loads_model
 def engine(settings: Settings, store: ModelStore) -> Iterator[Engine]:
     eng = Engine(settings, store)
     yield eng
@@ -116,7 +119,7 @@ class _Crashy:
 
 def wrap_loaded_models(monkeypatch: pytest.MonkeyPatch, wrapper: Callable[[Any], Any]) -> None:
     """Every model the engine loads from now on is handed out as `wrapper(real model)`."""
-    real_prepare = worker_mod.prepare
+    real_prepare = residency_mod.prepare
 
     class Wrap:
         def __init__(self, real: Any) -> None:
@@ -129,7 +132,7 @@ def wrap_loaded_models(monkeypatch: pytest.MonkeyPatch, wrapper: Callable[[Any],
         backend, ref = real_prepare(*args, **kwargs)
         return Wrap(backend), ref
 
-    monkeypatch.setattr(worker_mod, "prepare", prepare)
+    monkeypatch.setattr(residency_mod, "prepare", prepare)
 
 
 def test_error_mid_stream_is_typed_and_worker_survives(engine: Engine,
@@ -206,11 +209,11 @@ async def test_a_dead_worker_never_looks_healthy(settings, store, monkeypatch):
             def crash(job):
                 raise _Crash("injected")
 
-            monkeypatch.setattr(engine, "_accept", crash)
+            monkeypatch.setattr(engine.worker, "_accept", crash)
             body = {"prompt": "Hi", "max_tokens": 2}
             r = await client.post("/v1/completions", json=body)
             assert r.status_code == 500 and "the engine stopped" in r.json()["error"]["message"]
-            engine._thread.join(10)
+            engine.worker.thread.join(10)
             health = await client.get("/health")
             assert health.status_code == 503 and health.json()["status"] == "error"
             assert "injected" in health.json()["error"]
@@ -226,7 +229,7 @@ def test_prompts_are_rendered_and_tokenized_off_the_worker(engine: Engine, monke
     import threading
 
     engine.load("starter")
-    model = engine._default.model  # type: ignore[union-attr]
+    model = engine.residency.default.model  # type: ignore[union-attr]
     seen: list[str] = []
     real_render, real_tokenize = model.render_chat, model.tokenize
 
@@ -282,14 +285,14 @@ def test_a_failed_reload_keeps_the_old_context(engine: Engine, monkeypatch: pyte
     from localllm.errors import ModelLoadError
 
     engine.load("starter", n_ctx=1024)
-    real = engine._load_with_backend
+    real = engine.residency._load_with_backend
 
     def refuse_big(ref: Any, options: Any) -> Any:
         if options.n_ctx and options.n_ctx > 1024:
             raise ModelLoadError(str(ref.path), "not enough memory after all")
         return real(ref, options)
 
-    monkeypatch.setattr(engine, "_load_with_backend", refuse_big)
+    monkeypatch.setattr(engine.residency, "_load_with_backend", refuse_big)
     with pytest.raises(LocalLLMError, match="could not be reloaded with a 2048-token context"):
         next(engine.generate(Request(SamplingParams(max_tokens=2), prompt="word " * 1500)))
     assert engine.resident()[0]["n_ctx"] == 1024

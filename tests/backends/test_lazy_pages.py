@@ -11,6 +11,7 @@ import pytest
 from localllm.backends import lazy_pages
 from localllm.backends.base import LoadOptions, Message, ModelRef, SamplingParams
 from localllm.backends.llamacpp import LlamaCppBackend
+from localllm.engine import single
 from tests.conftest import THREADS
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -105,9 +106,8 @@ def test_starter_kv_cache_is_resident_only_as_used(
         assert rss_anon() - before < kv // 2
         prompt = model.render_chat([Message("user", "Name three rivers in Europe.")])
         greedy = SamplingParams(temperature=0.0, max_tokens=24)
-        lazy = [
-            t for c in model.stream(prompt, greedy, should_stop=lambda: False) for t in c.tokens
-        ]
+        chunks = single.stream(model, prompt, greedy, should_stop=lambda: False)
+        lazy = [t for c in chunks for t in c.tokens]
     finally:
         model.close()
     monkeypatch.setattr(lazy_pages, "supported", lambda: False)
@@ -115,9 +115,8 @@ def test_starter_kv_cache_is_resident_only_as_used(
     eager = LlamaCppBackend().load(starter_ref, LoadOptions(n_threads=THREADS, n_ctx=4096))
     try:
         assert eager.kv_released == 0 and rss_anon() - before > kv
-        plain = [
-            t for c in eager.stream(prompt, greedy, should_stop=lambda: False) for t in c.tokens
-        ]
+        chunks = single.stream(eager, prompt, greedy, should_stop=lambda: False)
+        plain = [t for c in chunks for t in c.tokens]
     finally:
         eager.close()
     assert lazy == plain and len(lazy) == 24

@@ -13,9 +13,10 @@ import pytest
 from localllm.backends import get_backend
 from localllm.backends.base import Chunk, LoadedModel, Message, SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.errors import ContextOverflow
-from tests.conftest import THREADS
+from tests.conftest import THREADS, loads_model
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 TOPICS = ("rivers", "mountains", "deserts", "forests")
@@ -50,6 +51,7 @@ def make(tmp_path: Path, **kw: object) -> Engine:
 
 
 @pytest.fixture(scope="module")
+@loads_model
 def cold(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     """Answers with no cache: nothing is kept, and an unrelated prompt runs before each."""
     engine = make(tmp_path_factory.mktemp("cold"), prompt_cache_ram_mb=0)

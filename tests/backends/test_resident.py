@@ -11,13 +11,16 @@ import pytest
 
 from localllm.backends.base import Message, ModelRef, SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.errors import ModelTooLarge
 from localllm.models.store import ModelStore
+from tests.conftest import loads_model
 from tests.hubserver import wait_for
 
 
 @pytest.fixture
+@loads_model
 def twin_store(store: ModelStore, starter_ref: ModelRef) -> ModelStore:
     """The store with a second model, `twin` (the starter's file under another name)."""
     store.models_dir.mkdir(parents=True, exist_ok=True)
@@ -30,6 +33,7 @@ def make(settings: Settings, store: ModelStore, **changes: object) -> Engine:
 
 
 @pytest.fixture
+@loads_model
 def engine(settings: Settings, twin_store: ModelStore) -> Iterator[Engine]:
     eng = make(settings, twin_store)
     yield eng

@@ -16,10 +16,11 @@ import pytest
 
 from localllm.backends.base import Chunk, Message, ModelRef, SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.errors import InvalidRequest, ModelTooLarge
 from localllm.models import fit
-from tests.conftest import THREADS
+from tests.conftest import THREADS, loads_model
 
 GREEDY = SamplingParams(temperature=0.0)
 TOPICS = ("the sea", "a mountain village", "an old clockmaker", "a journey by train")
@@ -39,6 +40,7 @@ def make(tmp_path: Path, **kw: object) -> Engine:
 
 
 @pytest.fixture(scope="module")
+@loads_model
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     eng = make(tmp_path_factory.mktemp("sched"))
     yield eng
@@ -179,7 +181,7 @@ def test_shared_system_prompt_and_answers_come_from_the_cache(tmp_path: Path):
         other = list(
             engine.generate(Request(params, messages=[*base, Message("user", "What is rain?")]))
         )
-        n_system = len(engine._default.model.render_chat(base))  # type: ignore[union-attr]
+        n_system = len(engine.residency.default.model.render_chat(base))  # type: ignore[union-attr]
         assert other[-1].stats is not None and other[-1].stats.cached_tokens >= n_system - 8
         # a follow-up reuses the previous answer too: almost all of its prompt is cached
         answer = "".join(c.text for c in first)
@@ -261,7 +263,8 @@ def test_deterministic_request_waits_and_runs_alone(engine: Engine):
         time.sleep(0.005)
     exact = Request(params, messages=story(TOPICS[3]), deterministic=True)
     b = start(events.run, engine, "b", exact)
-    time.sleep(0.05)
+    while engine.status().queued < 2:  # b is in the engine's queue before c is sent
+        time.sleep(0.005)
     c = start(events.run, engine, "c", Request(params, messages=story(TOPICS[0])))
     for t in (a, b, c):
         t.join()

@@ -14,6 +14,9 @@ import pytest
 from localllm.backends import all_backends
 from localllm.backends.base import Drafter, LoadedModel, LoadOptions, Message, SamplingParams
 from localllm.config import Settings
+from localllm.engine import single
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.engine.speculative import (
     PLAIN_SAMPLES,
     TRIAL_STEPS,
@@ -22,10 +25,9 @@ from localllm.engine.speculative import (
     Speculation,
     Tuner,
 )
-from localllm.engine.worker import Engine, Request
 from localllm.errors import InvalidRequest
 from localllm.models.store import ModelStore
-from tests.conftest import CONTRACT_CTX, THREADS
+from tests.conftest import CONTRACT_CTX, THREADS, loads_model
 from tests.gguf_fixtures import copy_with_metadata
 
 CODE = """def total_price(items, tax_rate):
@@ -46,7 +48,7 @@ def tokens_of(
     out: list[int] = []
     from_draft = 0
     stats = None
-    for chunk in model.stream(prompt, params, should_stop=NEVER, drafter=drafter):
+    for chunk in single.stream(model, prompt, params, should_stop=NEVER, drafter=drafter):
         out.extend(chunk.tokens)
         from_draft += chunk.from_draft
         stats = chunk.stats or stats
@@ -60,6 +62,7 @@ def lookup() -> PromptLookup:
 
 
 @pytest.fixture(scope="module")
+@loads_model
 def draft(loaded: LoadedModel, request: pytest.FixtureRequest) -> Iterator[LoadedModel]:
     """A second copy of the starter on the same backend, as a draft model."""
     backend = next(b for b in all_backends() if b.name == loaded.info.backend)
@@ -196,7 +199,7 @@ def test_a_model_whose_batches_round_differently_gets_no_drafts(
         chunks = list(engine.generate(request))
         stats = chunks[-1].stats
         assert stats is not None and stats.generated_tokens == 24
-        model = engine._resident[f16.ref.path].model
+        model = engine.residency.resident[f16.ref.path].model
         if model.exact_batches():
             pytest.skip("this llama.cpp build computes F16 batches exactly")
         assert stats.draft_proposed == 0

@@ -39,6 +39,28 @@ def test_message_plain_and_streamed(client: anthropic.Anthropic):
     assert (final.usage.cache_read_input_tokens or 0) > 0
 
 
+def test_a_stop_sequence_is_reported_with_its_string(client: anthropic.Anthropic):
+    ask: list[MessageParam] = [{"role": "user", "content": "What color is the sky?"}]
+    free = client.messages.create(model="starter", max_tokens=12, messages=ask,
+                                  extra_body={"temperature": 0})
+    assert free.content[0].type == "text"
+    text = free.content[0].text
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = words[2]  # a word the greedy answer writes: the same answer stops before it
+    cut = client.messages.create(model="starter", max_tokens=12, messages=ask,
+                                 stop_sequences=[stop, "never appears"],
+                                 extra_body={"temperature": 0})
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop
+    assert cut.content[0].type == "text" and cut.content[0].text == text[: text.index(stop)]
+    with client.messages.stream(model="starter", max_tokens=12, messages=ask,
+                                stop_sequences=[stop], extra_body={"temperature": 0}) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == text[: text.index(stop)]
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop
+
+
 def test_tool_use_round_trip(client: anthropic.Anthropic):
     ask: list[MessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
     msg = client.messages.create(

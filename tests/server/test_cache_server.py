@@ -13,10 +13,11 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, loads_model
 
 
 @pytest.fixture(scope="module")
+@loads_model
 def truncating(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     srv = ServerProcess(tmp_path_factory.mktemp("truncating"), "--ctx", "256",
                         env={"LOCALLLM_CONTEXT_POLICY": "truncate-oldest"})

@@ -15,7 +15,7 @@ import pytest
 
 from localllm.backends.base import LoadedModel, ModelRef
 from localllm.models.gguf import read_gguf
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, starts_process
 from tests.gguf_fixtures import copy_with_metadata
 
 FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 3, "tokenizer.ggml.fim_suf_token_id": 5,
@@ -23,6 +23,7 @@ FIM_IDS = {"tokenizer.ggml.fim_pre_token_id": 3, "tokenizer.ggml.fim_suf_token_i
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def fim_server(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef
                ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("fim")

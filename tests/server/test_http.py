@@ -162,7 +162,7 @@ def test_non_streaming_usage_shape(server: ServerProcess, path: str):
 
 async def test_health_is_503_until_a_model_is_loaded(settings, store):
     """In-process app over an engine that has loaded nothing yet."""
-    from localllm.engine.worker import Engine
+    from localllm.engine.engine import Engine
     from localllm.server.app import create_app
 
     engine = Engine(settings, store)

@@ -99,7 +99,7 @@ def test_infill_layout_and_cache(fim_http: httpx.Client):
 
 
 def test_n_indent_ends_the_block():
-    from localllm.server.routes_llamacpp import _ended_line, flatten
+    from localllm.server.llamacpp.routes import _ended_line, flatten
 
     text = "x = 1\n        y = 2\n    z = 3\nreturn w\n"
     assert _ended_line(text, 8) == text.index("\n    z")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,11 +37,25 @@ def test_logs_shows_and_follows_the_server(tmp_path: Path):
         assert "serving starter at " + srv.base in out
         follow = subprocess.Popen([*cmd, "-f", "-n", "0"], env=_env(tmp_path),
                                   stdout=subprocess.PIPE, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+        def read() -> None:
+            for text in follow.stdout or ():
+                lines.put(text)
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         try:
-            time.sleep(1.0)  # it is at the end of the file now
-            httpx.get(srv.base + "/v1/models", timeout=10)
-            line = follow.stdout.readline() if follow.stdout else ""
-            assert '"route":"/v1/models"' in line and '"status":200' in line
+            # a request is logged after `logs -f` reached the end of the file: ask until one
+            # shows (no fixed wait for it to get there)
+            line = ""
+            deadline = time.monotonic() + 60
+            while '"route":"/v1/models"' not in line and time.monotonic() < deadline:
+                httpx.get(srv.base + "/v1/models", timeout=10)
+                try:
+                    line = lines.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+            assert '"route":"/v1/models"' in line and '"status":200' in line, line
         finally:
             follow.terminate()
             follow.wait(10)

@@ -10,7 +10,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
 
 from localllm.backends.common import ALIGN
-from tests.conftest import ServerProcess, usage_of
+from tests.conftest import ServerProcess, runs_mlx, starts_process, usage_of
 
 pytest.importorskip("mlx.core", reason="the mlx extra is not installed")
 
@@ -21,6 +21,8 @@ ASK: list[ChatCompletionMessageParam] = [
 
 
 @pytest.fixture(scope="module")
+@starts_process
+@runs_mlx
 def mlx_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The starter model served on MLX: the GGUF is imported into the server's store first."""
     srv = ServerProcess(tmp_path_factory.mktemp("mlx-server"), "--backend", "mlx", "--ctx", "512")

@@ -17,7 +17,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from localllm.backends.base import ModelRef
-from tests.conftest import ServerProcess, body_of, extra_of, free_port, usage_of
+from tests.conftest import ServerProcess, body_of, extra_of, free_port, loads_model, usage_of
 from tests.remote_engines import LlamaCppServer
 from tests.server.test_tools import TOOLS, WEATHER_PARAMS
 
@@ -69,6 +69,7 @@ class Scripted(BaseHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
+@loads_model
 def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
             server: ServerProcess) -> Iterator[dict]:
     """llama-cpp-python's server as `team`, the session's localllm server as `box`, the

@@ -14,11 +14,12 @@ import openai
 import pytest
 
 from localllm.backends.base import ModelRef
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, loads_model
 from tests.hubserver import wait_for
 
 
 @pytest.fixture(scope="module")
+@loads_model
 def two_models(
     tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef
 ) -> Iterator[ServerProcess]:

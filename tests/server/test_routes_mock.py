@@ -21,8 +21,8 @@ import pytest
 from localllm.backends.base import Chunk, GenerationStats, Message, SamplingParams
 from localllm.config import Settings
 from localllm.engine.client import EngineClient, EngineStatus
+from localllm.engine.request import Request
 from localllm.engine.stream import END, ChunkStream, Started
-from localllm.engine.worker import Request
 from localllm.errors import ModelNotFound
 from localllm.server.app import create_app
 

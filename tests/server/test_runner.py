@@ -9,7 +9,7 @@ import httpx
 
 from localllm.config import Settings
 from localllm.engine.accounting import Accounting
-from localllm.engine.worker import Engine
+from localllm.engine.engine import Engine
 from localllm.models.store import ModelStore
 from localllm.server.runner import BackgroundEndpoint
 from tests.conftest import free_port

@@ -14,12 +14,13 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, starts_process
 
 EXAMPLES = 25  # per operation and phase
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def api_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     srv = ServerProcess(tmp_path_factory.mktemp("schemathesis"), "--ctx", "64")
     yield srv

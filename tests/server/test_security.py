@@ -22,7 +22,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ServerProcess
+from tests.conftest import ServerProcess, starts_process
 
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}
 
@@ -55,6 +55,7 @@ def error_of(r: httpx.Response, status: int) -> dict:
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """A server with a config that allows one extra host and origin (keys come later)."""
     tmp = tmp_path_factory.mktemp("guarded")
@@ -269,7 +270,13 @@ def test_usage_is_counted_per_key_and_quotas_give_429(tmp_path: Path):
         assert 1 <= int(r.headers["retry-after"]) <= 60
         r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {small}"})
         assert r.status_code == 200  # under the limit when it starts; it uses 6+ tokens
-        time.sleep(0.5)  # the usage is counted when the answer ends
+        def counted() -> bool:  # the usage is written off the request path, after it ends
+            rows = json.loads(localllm(srv, "usage", "--json").stdout)
+            return any(row["client"] == "tiny" and row["completion_tokens"] for row in rows)
+
+        deadline = time.monotonic() + 60
+        while not counted() and time.monotonic() < deadline:
+            time.sleep(0.1)
         r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {small}"})
         err = error_of(r, 429)
         assert "of its 5 tokens for today" in err["message"]

@@ -21,7 +21,7 @@ from openai.types.chat import (
 )
 
 from localllm.backends.base import ModelRef
-from tests.conftest import ServerProcess, body_of, usage_of
+from tests.conftest import ServerProcess, body_of, starts_process, usage_of
 from tests.gguf_fixtures import copy_with_metadata
 
 WEATHER_PARAMS: dict[str, object] = {
@@ -64,6 +64,7 @@ def client_of(srv: ServerProcess) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
+@starts_process
 def hermes_server(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef
                   ) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("hermes")

@@ -11,13 +11,15 @@ import pytest
 from textual.pilot import Pilot
 
 from localllm.config import Settings
-from localllm.engine.worker import Engine
+from localllm.engine.engine import Engine
 from localllm.history import History
 from localllm.models.store import ModelStore
 from localllm.tui.app import ChatApp
+from tests.conftest import loads_model
 
 
 @pytest.fixture
+@loads_model
 def engine(settings: Settings, store: ModelStore) -> Iterator[Engine]:
     eng = Engine(settings, store)
     yield eng
@@ -32,6 +34,7 @@ def history(tmp_path: Path) -> Iterator[History]:
 
 
 @pytest.fixture
+@loads_model
 def make_app(settings: Settings, engine: Engine, history: History, tmp_path: Path
              ) -> Callable[..., ChatApp]:
     def make(**kw: object) -> ChatApp:

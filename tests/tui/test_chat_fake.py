@@ -13,7 +13,7 @@ import pytest
 
 from localllm.backends.fake import FakeBackend, Gate, Script, write_fake_model
 from localllm.config import Settings
-from localllm.engine.worker import Engine
+from localllm.engine.engine import Engine
 from localllm.history import ConversationSettings, History
 from localllm.tui.app import ChatApp
 from localllm.tui.live import LiveText

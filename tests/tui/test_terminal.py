@@ -85,7 +85,7 @@ def test_a_question_in_a_real_terminal_gets_its_answer_and_ctrl_q_quits(tmp_path
     try:
         term.wait_for("the model to load", lambda: b"llamacpp" in term.output)
         term.type("Write a story about a dragon.")
-        time.sleep(0.2)
+        term.wait_for("the prompt to show", lambda: b"dragon." in term.output)
         term.type("\r")
 
         def stored() -> list[StoredMessage]:
@@ -138,7 +138,7 @@ def test_kill_9_mid_answer_keeps_the_partial_answer_marked(tmp_path: Path) -> No
     try:
         term.wait_for("the model to load", lambda: b"llamacpp" in term.output)
         term.type("Write a very long story about a dragon and a knight.")
-        time.sleep(0.2)
+        term.wait_for("the prompt to show", lambda: b"knight." in term.output)
         term.type("\r")
         term.wait_for("part of the answer to be saved",
                       lambda: len(answers()) == 2 and len(answers()[1].content) > 20)

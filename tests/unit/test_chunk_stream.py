@@ -1,4 +1,4 @@
-"""ChunkStream.batches: the pieces a chat draws hold everything that arrived before them."""
+"""ChunkStream.deltas: the pieces a chat draws hold everything that arrived before them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import threading
 import time
 
 from localllm.backends.base import Chunk
-from localllm.engine.stream import END, ChunkStream, Started
+from localllm.engine.request import END, Started
+from localllm.engine.stream import ChunkStream
 
 
 async def test_a_piece_holds_every_chunk_that_arrived_before_it() -> None:
@@ -20,9 +21,9 @@ async def test_a_piece_holds_every_chunk_that_arrived_before_it() -> None:
 
     pieces: list[tuple[str, bool]] = []
     stream.feed(Chunk("a", (1,)))
-    async for text, last in stream.batches(due_in):
+    async for delta in stream.deltas(due_in):
         drawn[0] = time.monotonic()
-        pieces.append((text, last is not None))
+        pieces.append((delta.text, delta.final is not None))
         if len(pieces) == 1:
             # while the reader waits for its next piece, three tokens arrive from the worker
             def three() -> None:
@@ -44,5 +45,5 @@ async def test_text_before_an_end_without_a_final_chunk_is_not_lost() -> None:
     for t in "xyz":
         stream.feed(Chunk(t, (1,)))
     stream.feed(END)
-    pieces = [text async for text, _ in stream.batches(lambda: 30.0)]
+    pieces = [d.text async for d in stream.deltas(lambda: 30.0)]
     assert "".join(pieces) == "xyz"

@@ -15,9 +15,11 @@ import pytest
 
 from localllm.backends.base import ModelRef
 from localllm.cli import main
+from tests.conftest import starts_process
 
 
 @pytest.fixture
+@starts_process
 def other_tools(tmp_path: Path, starter_ref: ModelRef, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An LM Studio folder with the starter GGUF, and an Ollama store whose manifest names
     the starter as a blob."""

@@ -19,7 +19,8 @@ from localllm.backends.llamacpp import LlamaCppBackend
 from localllm.backends.mlx import MlxBackend
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.errors import BackendUnavailable, LocalLLMError, ModelNotFound, ServerBusy
 
 

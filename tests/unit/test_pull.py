@@ -15,12 +15,14 @@ from localllm.backends.base import ModelRef
 from localllm.cli import main
 from localllm.config import load_settings
 from localllm.models import hub as hubmod
+from tests.conftest import starts_process
 from tests.hubserver import HubServer, wait_for
 
 GGUF_REPO = "test-org/tiny-GGUF"
 
 
 @pytest.fixture
+@starts_process
 def hub(starter_ref: ModelRef, monkeypatch: pytest.MonkeyPatch):
     with HubServer() as server:
         server.add(

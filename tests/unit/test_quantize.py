@@ -21,6 +21,7 @@ from localllm.engine.evaluate import heldout_text, load_for_eval, perplexity
 from localllm.errors import QuantizeFailed
 from localllm.models import quantize as q
 from localllm.models.store import ModelStore
+from tests.conftest import loads_model
 
 PPL_TOKENS = 2048  # 4 windows of 512, 1024 scored tokens: enough to order the types
 
@@ -38,6 +39,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
+@loads_model
 def shared(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Point the CLI at the module's store; return its models folder."""
     monkeypatch.setenv("LOCALLLM_DATA_DIR", str(data_dir))

@@ -13,7 +13,7 @@ from localllm.backends.remote import Breaker, RemoteModel, _model_of, _retry_aft
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.config import RouteRule, load_settings
 from localllm.engine.remote_route import Remotes, body_of, route
-from localllm.engine.worker import Request
+from localllm.engine.request import Request
 from localllm.errors import ConfigError, InvalidRequest
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from localllm.backends.base import Message, ModelRef, SamplingParams
 from localllm.config import Settings
-from localllm.engine.worker import Engine, Request
+from localllm.engine.engine import Engine
+from localllm.engine.request import Request
 from localllm.models.gguf import read_meta
 from localllm.models.sampling import STARTER_SAMPLING, recommended
 from localllm.models.store import ModelStore

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def test_a_request_held_back_gives_the_worker_nothing_to_do():
@@ -14,7 +14,7 @@ def test_a_request_held_back_gives_the_worker_nothing_to_do():
     from localllm.backends.base import SamplingParams
     from localllm.engine.scheduler import Scheduler
 
-    def job(deterministic: bool, ready: bool) -> SimpleNamespace:
+    def job(deterministic: bool, ready: bool) -> Any:  # the fields the queue reads of a Job
         request = SimpleNamespace(priority=None, params=SamplingParams(), messages=[],
                                   deterministic=deterministic)
         return SimpleNamespace(request=request, cancel=threading.Event(), ready=ready)
@@ -22,8 +22,8 @@ def test_a_request_held_back_gives_the_worker_nothing_to_do():
     def never(*_: object) -> NoReturn:
         raise AssertionError("nothing may start")
 
-    sched = Scheduler(SimpleNamespace(n_seq=2), prepare=never, prepare_seq=never,
-                      on_end=never)
+    hooks = SimpleNamespace(admit=never, prepare=never, ended=never)
+    sched = Scheduler(SimpleNamespace(n_seq=2), hooks)
     first, second = job(True, False), job(False, True)
     sched.add(first)
     sched.add(second)
@@ -33,8 +33,7 @@ def test_a_request_held_back_gives_the_worker_nothing_to_do():
     first.ready = False
     second.cancel.set()  # a cancelled one behind waits too: it is ended once the line moves
     assert not sched.busy
-    plain = Scheduler(SimpleNamespace(n_seq=2), prepare=never, prepare_seq=never,
-                      on_end=never)
+    plain = Scheduler(SimpleNamespace(n_seq=2), hooks)
     plain.add(job(False, False))
     plain.add(job(False, True))
     assert plain.busy  # a plain request being read holds back nobody

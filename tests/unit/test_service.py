@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.cli_service import render_launchd, render_systemd, serve_command
+from localllm.cli.service import render_launchd, render_systemd, serve_command
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -23,11 +23,11 @@ from localllm import __version__
 from localllm.backends.base import SamplingParams
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
-from localllm.engine.worker import Infill
-from localllm.engine.worker import Request as EngineRequest
+from localllm.engine.request import Infill
+from localllm.engine.request import Request as EngineRequest
 from localllm.errors import InvalidRequest
-from localllm.server import protocol as wire
-from localllm.server.routes_openai import IDLE_WAKE_S, _cancel_on_disconnect, _who, start
+from localllm.server import wire
+from localllm.server.serving import IDLE_WAKE_S, cancel_on_disconnect, start, who
 
 router = APIRouter()
 
@@ -37,12 +37,12 @@ router = APIRouter()
 SAMPLERS = {"top_k", "top_p", "min_p", "temperature", "penalties", "infill"}
 
 
-class ExtraChunk(wire._Wire):
+class ExtraChunk(wire.Wire):
     text: wire.Text
     filename: wire.Text = ""
 
 
-class InfillBody(wire._Wire):
+class InfillBody(wire.Wire):
     input_prefix: wire.Text = ""
     input_suffix: wire.Text = ""
     input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=1024)
@@ -91,7 +91,7 @@ class InfillBody(wire._Wire):
         )
 
 
-class TokenizeBody(wire._Wire):
+class TokenizeBody(wire.Wire):
     content: wire.Text
     add_special: bool = False
     parse_special: bool = True
@@ -99,7 +99,7 @@ class TokenizeBody(wire._Wire):
     model: wire.Name | None = None
 
 
-class DetokenizeBody(wire._Wire):
+class DetokenizeBody(wire.Wire):
     tokens: list[wire.TokenId] = Field(max_length=1 << 20)
     model: wire.Name | None = None
 
@@ -144,9 +144,9 @@ async def infill(body: InfillBody, request: Request) -> JSONResponse:
         extra=tuple((c.filename, c.text) for c in body.input_extra),
         typed=body.prompt,
     )
-    req = EngineRequest(body.sampling(), infill=spec, model=body.model, **_who(request))
-    stream, started, _ = await start(request, req)
-    watcher = asyncio.create_task(_cancel_on_disconnect(stream, request))
+    req = EngineRequest(body.sampling(), infill=spec, model=body.model, **who(request))
+    stream, started = await start(request, req)
+    watcher = asyncio.create_task(cancel_on_disconnect(stream, request))
     parts: list[str] = []
     final = None
     t_first = 0.0
@@ -183,6 +183,8 @@ async def infill(body: InfillBody, request: Request) -> JSONResponse:
     prompt_ms = (stats.ttft_s * 1000) if stats else 0.0
     predicted_ms = (time.perf_counter() - t0) * 1000 - prompt_ms
     stop_type = {"length": "limit", "stop": "eos"}.get(str(final.finish_reason), "word")
+    if final.stop_sequence is not None:
+        stop_type = "word"
     out: dict[str, Any] = {
         "index": 0,
         "content": content,
@@ -195,7 +197,7 @@ async def infill(body: InfillBody, request: Request) -> JSONResponse:
         "tokens_cached": stats.cached_tokens if stats else 0,
         "truncated": truncated,
         "stop_type": "limit" if truncated else stop_type,
-        "stopping_word": "",
+        "stopping_word": final.stop_sequence or "",
         "timings": {
             "prompt_n": prompt_n,
             "prompt_ms": prompt_ms,

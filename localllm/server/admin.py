@@ -7,17 +7,34 @@ import asyncio
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
+from pydantic import Field
 
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
 from localllm.errors import InvalidRequest
-from localllm.server import protocol as wire
+from localllm.server import wire
 
 router = APIRouter()
 
 
+class AdminLoad(wire.Wire):
+    """POST /admin/load: load a model beside the default, for `ttl` idle seconds."""
+
+    model: wire.Name
+    n_ctx: int | None = Field(default=None, ge=16, le=1 << 20)
+    # seconds or a duration ("10m"); negative: stays loaded for good; None: the setting's
+    keep_alive: wire.KeepAlive = None
+
+
+class AdminUnload(wire.Wire):
+    """POST /admin/unload: one model by name, or all of them."""
+
+    model: wire.Name | None = None
+    all: bool = False
+
+
 @router.post("/admin/load")
-async def load(body: wire.AdminLoad, request: Request) -> JSONResponse:
+async def load(body: AdminLoad, request: Request) -> JSONResponse:
     engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
     row = await asyncio.to_thread(
@@ -31,7 +48,7 @@ async def load(body: wire.AdminLoad, request: Request) -> JSONResponse:
 
 
 @router.post("/admin/unload")
-async def unload(body: wire.AdminUnload, request: Request) -> JSONResponse:
+async def unload(body: AdminUnload, request: Request) -> JSONResponse:
     engine: EngineClient = request.app.state.engine
     if body.model is None and not body.all:
         raise InvalidRequest('name a model, or send "all": true', param="model")

@@ -15,14 +15,12 @@ import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import Field
 
 from localllm import __version__
-from localllm.backends import reasoning
 from localllm.backends.base import (
     Chunk,
     GenerationStats,
@@ -32,19 +30,25 @@ from localllm.backends.base import (
     ToolCall,
 )
 from localllm.backends.chat_template import CHATML
-from localllm.backends.tools import ReplyReader, ToolChoice, ToolSpec, new_call_id
 from localllm.config import Settings
-from localllm.engine import grammar
 from localllm.engine.client import EngineClient
-from localllm.engine.stream import ChunkStream
-from localllm.engine.worker import Request as EngineRequest
+from localllm.engine.output import Delta
+from localllm.engine.request import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
 from localllm.models.gguf import ModelMeta
 from localllm.models.sampling import recommended
-from localllm.server import protocol as wire
 from localllm.server.errors import stream_error
+from localllm.server.framing import ndjson, paced, streaming
 from localllm.server.model_facts import capabilities, meta_of
-from localllm.server.routes_openai import _collect, _who, start
+from localllm.server.ollama.schemas import (
+    ChatBody,
+    GenerateBody,
+    NameBody,
+    PullBody,
+    _Common,
+    model_name,
+)
+from localllm.server.serving import collect, interval, start
 from localllm.units import format_params
 
 router = APIRouter()
@@ -52,150 +56,6 @@ router = APIRouter()
 # The Ollama version /api/version reports: clients gate features on it (VS Code Copilot
 # refuses anything below 0.6.4). localllm's own version is reported beside it.
 OLLAMA_VERSION = "0.12.0"
-
-
-# -- requests -----------------------------------------------------------------------
-
-
-class Options(wire._Wire):
-    """Ollama's `options`: the sampling ones localllm honours. Others (mirostat, num_gpu,
-    ...) are a 400 naming them, as every unknown field is."""
-
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)
-    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    num_predict: int | None = Field(default=None, ge=-2)  # -1, -2: until the context ends
-    num_ctx: int | None = Field(default=None, ge=16, le=1 << 20)
-    stop: list[wire.Text] | None = Field(default=None, max_length=wire.MAX_STOP_STRINGS)
-    seed: int | None = None
-    repeat_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-
-    def sampling(self, grammar_text: str | None) -> SamplingParams:
-        limit = self.num_predict if self.num_predict and self.num_predict > 0 else None
-        return SamplingParams.asked(
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
-            repeat_penalty=self.repeat_penalty,
-            frequency_penalty=self.frequency_penalty,
-            presence_penalty=self.presence_penalty,
-            seed=self.seed,
-            max_tokens=limit,
-            stop=tuple(s for s in self.stop or () if s) or None,
-            grammar=grammar_text,
-        )
-
-
-class OllamaFunction(wire._Wire):
-    name: wire.Text
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    index: int | None = None  # newer Ollama numbers the calls
-
-
-class OllamaToolCall(wire._Wire):
-    function: OllamaFunction
-    id: wire.Text | None = None
-    type: Literal["function"] | None = None
-
-
-class OllamaMessage(wire._Wire):
-    role: Literal["system", "user", "assistant", "tool"]
-    content: wire.Text = ""
-    images: list[str] | None = None
-    tool_calls: list[OllamaToolCall] | None = None
-    tool_name: wire.Text | None = None
-    thinking: wire.Text | None = None  # a thinking model's reasoning, sent back: not rendered
-
-    def to_message(self) -> Message:
-        if self.images:
-            raise InvalidRequest(
-                "This model has no vision support: it cannot read images.",
-                param="images",
-                code="vision_not_supported",
-            )
-        calls = tuple(
-            ToolCall(
-                c.id or new_call_id(),
-                c.function.name,
-                json.dumps(c.function.arguments, ensure_ascii=False),
-            )
-            for c in self.tool_calls or ()
-        )
-        name = self.tool_name if self.role == "tool" else None
-        return Message(self.role, self.content, tool_calls=calls, name=name)
-
-
-class _Common(wire._Wire):
-    model: wire.Name
-    format: Literal["json", ""] | dict[str, Any] | None = None
-    options: Options | None = None
-    stream: bool = True
-    keep_alive: wire.KeepAlive = None
-    think: bool | None = None
-
-    def grammar(self) -> str | None:
-        if not self.format:
-            return None
-        if self.format == "json":
-            return grammar.any_json_object()
-        assert isinstance(self.format, dict)
-        return grammar.from_json_schema(self.format, param="format")
-
-    def sampling(self) -> SamplingParams:
-        return (self.options or Options()).sampling(self.grammar())
-
-    def engine_fields(self, request: Request) -> dict[str, Any]:
-        options = self.options or Options()
-        return {
-            "model": model_name(self.model),
-            "keep_alive": self.keep_alive,
-            "min_ctx": options.num_ctx,
-            "template_vars": None if self.think is None else {"enable_thinking": self.think},
-            **_who(request),
-        }
-
-
-class ChatBody(_Common):
-    messages: list[OllamaMessage] = Field(default_factory=list)
-    tools: list[wire.ToolDef] | None = None
-
-    def tool_spec(self) -> ToolSpec | None:
-        functions = [t.function.model_dump(exclude_none=True) for t in self.tools or ()]
-        return wire.tool_spec(functions, ToolChoice())
-
-
-class GenerateBody(_Common):
-    prompt: wire.Text = ""
-    suffix: wire.Text | None = None
-    system: wire.Text | None = None
-    raw: bool = False
-    images: list[str] | None = None
-
-
-class NameBody(wire._Wire):
-    model: wire.Name | None = None
-    name: wire.Name | None = None  # older clients say `name`
-    verbose: bool | None = None
-
-    def which(self) -> str:
-        chosen = self.model or self.name
-        if not chosen:
-            raise InvalidRequest("'model' is required", param="model")
-        return model_name(chosen)
-
-
-class PullBody(NameBody):
-    stream: bool = True
-    insecure: bool | None = None
-
-
-def model_name(name: str) -> str:
-    """Ollama clients add the default tag ":latest" to a bare name; it names the model."""
-    return name.removesuffix(":latest")
 
 
 # -- model descriptions -------------------------------------------------------------
@@ -271,86 +131,53 @@ def _ollama_calls(calls: list[ToolCall]) -> list[dict[str, Any]]:
 
 
 class _Reply:
-    """One answer in Ollama's shape, for /api/chat (`message`) or /api/generate
-    (`response`)."""
+    """One answer in Ollama's shape, for /api/chat (`message`, with a thinking model's
+    reasoning in `message.thinking`, as Ollama's) or /api/generate (`response`)."""
 
-    def __init__(
-        self,
-        model: str,
-        chat: bool,
-        reader: ReplyReader | None,
-        t0: float,
-        thinking: str | None = None,
-    ) -> None:
-        self.model, self.chat, self.reader, self.t0 = model, chat, reader, t0
-        # a thinking model's think block goes in message.thinking, as Ollama's does
-        self.splitter = reasoning.ReasoningSplitter(thinking) if chat and thinking else None
+    def __init__(self, model: str, chat: bool, t0: float) -> None:
+        self.model, self.chat, self.t0 = model, chat, t0
 
-    def piece(self, text: str, *, done: Chunk | None = None) -> dict[str, Any] | None:
-        calls: list[ToolCall] = []
-        thought = ""
-        if self.splitter is not None:
-            thought, text = self.splitter.feed(text)
-            if done is not None:
-                more_thought, more_text = self.splitter.close()
-                thought, text = thought + more_thought, text + more_text
-        if self.reader is not None:
-            text = self.reader.feed(text)
-            if done is not None:
-                rest = self.reader.close()
-                text, calls = text + rest.content, rest.calls
-        if done is None and not text and not thought:
+    def body(self, delta: Delta) -> dict[str, Any] | None:
+        done = delta.final
+        if done is None and not delta.text and not delta.reasoning:
             return None
         body: dict[str, Any] = {"model": self.model, "created_at": _now()}
         if self.chat:
-            message: dict[str, Any] = {"role": "assistant", "content": text}
+            message: dict[str, Any] = {"role": "assistant", "content": delta.text}
+            thought = delta.reasoning
             if thought:
                 message["thinking"] = thought.strip() if done is not None else thought
-            if calls:
-                message["tool_calls"] = _ollama_calls(calls)
+            if delta.tool_calls:
+                message["tool_calls"] = _ollama_calls(list(delta.tool_calls))
             body["message"] = message
         else:
-            body["response"] = text
+            body["response"] = delta.text
         if done is None:
             body["done"] = False
         else:
             body.update(_done_fields(done, self.t0))
         return body
 
+    def lines(self, delta: Delta) -> list[bytes]:
+        body = self.body(delta)
+        return [] if body is None else [ndjson(body)]
+
 
 async def _answer(
     request: Request, engine_request: EngineRequest, stream_it: bool, chat: bool
 ) -> JSONResponse | StreamingResponse:
     t0 = time.perf_counter()
-    stream, started, reader = await start(request, engine_request)
-    reply = _Reply(started.model, chat, reader, t0, started.reasoning)
+    stream, started = await start(request, engine_request)
+    reply = _Reply(started.model, chat, t0)
     if not stream_it:
-        text, _, final = await _collect(stream, request)
-        body = reply.piece(text, done=final)
-        return JSONResponse(body)
-    settings: Settings = request.app.state.settings
-    return StreamingResponse(
-        _lines(stream, reply, settings.stream_interval_ms / 1000.0),
-        media_type="application/x-ndjson",
+        return JSONResponse(reply.body(await collect(stream, request)))
+    frames = paced(
+        stream,
+        reply.lines,
+        interval_s=interval(request),
+        on_error=lambda exc: ndjson(stream_error(exc, "/api/")),
     )
-
-
-async def _lines(stream: ChunkStream, reply: _Reply, interval_s: float) -> AsyncIterator[bytes]:
-    last = float("-inf")
-
-    def due_in() -> float:
-        return max(0.0, last + interval_s - time.monotonic())
-
-    try:
-        async for text, _, final in stream.pieces(due_in):
-            body = reply.piece(text, done=final)
-            if body is not None:
-                yield json.dumps(body, ensure_ascii=False).encode() + b"\n"
-                last = time.monotonic()
-    except Exception as exc:  # after the first line: the error as the last line
-        yield json.dumps(stream_error(exc, "/api/"), ensure_ascii=False).encode() + b"\n"
-    finally:
-        stream.cancel()
+    return streaming(frames, "application/x-ndjson")
 
 
 async def _load_only(request: Request, body: _Common, chat: bool) -> JSONResponse:

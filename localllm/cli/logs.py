@@ -39,13 +39,14 @@ def write_file_log(settings: Settings) -> Path:
     return path
 
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     logs = sub.add_parser("logs", parents=[common], help="the running server's log")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
+    logs.set_defaults(run=run)
 
 
-def cmd_logs(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
     path = log_path(settings)
     if not path.is_file():
         sys.stderr.write(f"localllm: error: no server log at {path}; `localllm serve` writes it\n")

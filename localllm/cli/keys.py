@@ -1,20 +1,19 @@
-"""`localllm keys add|list|rm` and `localllm usage`: API keys and what each client used."""
+"""`localllm keys add|list|rm`: API keys for the endpoint."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
-from localllm.cli_common import EXIT_USAGE, positive_int
+from localllm.cli.common import EXIT_USAGE, positive_int, print_table
 from localllm.config import Settings
-from localllm.engine.accounting import Accounting, Usage
+from localllm.engine.accounting import Accounting
 
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     keys = sub.add_parser(
         "keys", parents=[common], help="API keys for the endpoint (add, list, rm)"
     )
@@ -29,12 +28,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     rm = actions.add_parser("rm", help="revoke a key (at once, also in a running server)")
     rm.add_argument("name", help="the key's name")
-    usage = sub.add_parser("usage", parents=[common], help="requests and tokens per client per day")
-    usage.add_argument("--days", type=positive_int, help="only the last N days (default: all)")
-    usage.add_argument("--json", action="store_true", help="machine-readable output")
+    keys.set_defaults(run=run)
 
 
-def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
     accounting = Accounting.for_settings(settings)
     try:
         if args.keys_command == "add":
@@ -111,46 +108,9 @@ def _list_keys(accounting: Accounting, *, as_json: bool) -> int:
                 str(r["completion_tokens"]),
             )
         )
-    _print_table(table)
-    return 0
-
-
-def cmd_usage(settings: Settings, args: argparse.Namespace) -> int:
-    accounting = Accounting.for_settings(settings)
-    try:
-        rows: list[Usage] = accounting.usage(args.days)
-    finally:
-        accounting.close()
-    if args.json:
-        sys.stdout.write(json.dumps([u.as_dict() for u in rows], indent=2) + "\n")
-        return 0
-    if not rows:
-        sys.stdout.write("No requests counted yet.\n")
-        return 0
-    table = [("DAY", "CLIENT", "REQUESTS", "PROMPT", "CACHED", "COMPLETION", "SECONDS")]
-    for u in rows:
-        table.append(
-            (
-                u.day,
-                u.client,
-                str(u.requests),
-                str(u.prompt_tokens),
-                str(u.cached_tokens),
-                str(u.completion_tokens),
-                f"{u.seconds:.1f}",
-            )
-        )
-    _print_table(table)
+    print_table(table)
     return 0
 
 
 def _date(ts: float) -> str:
     return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _print_table(rows: Sequence[Sequence[str]]) -> None:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        sys.stdout.write(
-            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() + "\n"
-        )

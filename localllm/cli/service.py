@@ -19,14 +19,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from localllm.cli_common import EXIT_USAGE
+from localllm.cli.common import EXIT_USAGE
 from localllm.config import Settings
 
 UNIT = "localllm.service"
 LABEL = "dev.localllm.serve"
 
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     service = sub.add_parser(
         "service", parents=[common], help="run the endpoint as a user service (systemd, launchd)"
     )
@@ -45,6 +45,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     logs = actions.add_parser("logs", help="the service's log")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.add_argument("-n", "--lines", type=int, default=100, help="lines to show (default 100)")
+    service.set_defaults(run=run)
 
 
 def serve_command(extra: list[str]) -> list[str]:
@@ -92,7 +93,7 @@ def _run(*cmd: str) -> int:
     return subprocess.run(cmd, check=False).returncode
 
 
-def cmd_service(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
     action = args.service_command
     command = serve_command(getattr(args, "serve_args", None) or [])
     if action == "install" and args.print:

@@ -16,14 +16,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localllm.cli_common import EXIT_USAGE
+from localllm.cli.common import EXIT_USAGE
 from localllm.config import Remote, Settings, config_path, load_settings
 from localllm.errors import ConfigError
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
-def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     remote = sub.add_parser(
         "remote", parents=[common], help="engines elsewhere served as NAME/MODEL (add, list, rm)"
     )
@@ -46,9 +46,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     rm = actions.add_parser("rm", help="forget an engine")
     rm.add_argument("name", help="the engine's name")
+    remote.set_defaults(run=run)
 
 
-def cmd_remote(settings: Settings, args: argparse.Namespace) -> int:
+def run(settings: Settings, args: argparse.Namespace) -> int:
     path = config_path(os.environ)
     if args.remote_command == "add":
         return _add(settings, args, path)
@@ -154,7 +155,7 @@ def _list(settings: Settings, *, as_json: bool) -> int:
     if not records:
         print("No remote engines. Add one: localllm remote add NAME URL [--model ID]")
         return 0
-    from localllm.cli_models import _print_table
+    from localllm.cli.common import print_table
 
     rows = [("NAME", "URL", "STATE", "MODELS", "FALLBACK")]
     for r in records:
@@ -164,7 +165,7 @@ def _list(settings: Settings, *, as_json: bool) -> int:
         )
         state = "answers" if r["reachable"] else "unreachable"
         rows.append((str(r["name"]), str(r["url"]), state, served or "-", r["fallback"] or "-"))
-    _print_table(rows)
+    print_table(rows)
     return 0
 
 

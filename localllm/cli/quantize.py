@@ -1,16 +1,58 @@
-"""`localllm quantize` and `localllm eval`: on-device quantization and its quality report."""
+"""localllm quantize: on-device quantization into the store, with its quality report."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from localllm.cli_common import progress_printer
+from localllm.cli.common import (
+    positive_int,
+    print_table,
+    progress_printer,
+)
 from localllm.config import Settings
 
 
-def cmd_quantize(settings: Settings, args: argparse.Namespace) -> int:
+def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    from localllm.models.quantize import MLX_GROUP_SIZES, TYPES
+
+    quantize = sub.add_parser(
+        "quantize",
+        parents=[common],
+        help="quantize a model into the store (GGUF through llama.cpp, MLX through mlx-lm)",
+    )
+    quantize.add_argument("model", help="model name, path or HF repo")
+    quantize.add_argument(
+        "--to", dest="type", required=True, metavar="TYPE", help=f"one of: {', '.join(TYPES)}"
+    )
+    quantize.add_argument("--name", help="store name of the result (default: MODEL-TYPE)")
+    quantize.add_argument(
+        "--allow-requantize",
+        action="store_true",
+        help="quantize an already-quantized model (loses more quality; f16 is always allowed)",
+    )
+    quantize.add_argument(
+        "--group-size",
+        type=int,
+        choices=MLX_GROUP_SIZES,
+        default=64,
+        help="MLX types: weights per scale (default: 64)",
+    )
+    quantize.add_argument(
+        "--threads", type=positive_int, dest="n_threads", help="CPU threads (default: cores)"
+    )
+    quantize.add_argument(
+        "--no-report", action="store_true", help="skip the size / speed / perplexity report"
+    )
+    quantize.add_argument(
+        "--eval-tokens",
+        type=positive_int,
+        help="score only the first N tokens of the held-out text in the report (default: all)",
+    )
+    quantize.set_defaults(run=run)
+
+
+def run(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.models import quantize as q
     from localllm.models.store import ModelStore
     from localllm.units import format_bytes
@@ -62,44 +104,7 @@ def cmd_quantize(settings: Settings, args: argparse.Namespace) -> int:
 
 def print_report(rows: list[dict[str, Any]]) -> None:
     """The report table: each model's size, decode speed and perplexity (vs the first row)."""
-    from localllm.cli_models import _print_table
     from localllm.models.quantize import report_footer, report_table
 
-    _print_table(report_table(rows))
+    print_table(report_table(rows))
     print(report_footer(rows))
-
-
-def cmd_eval(settings: Settings, args: argparse.Namespace) -> int:
-    from localllm.engine.evaluate import load_for_eval, perplexity, read_text
-    from localllm.models.quantize import HELDOUT_LABEL
-    from localllm.models.store import ModelStore
-
-    ref = ModelStore.from_settings(settings).resolve(args.model)
-    text = read_text(args.file)
-    model = load_for_eval(
-        ref,
-        backend=settings.backend,
-        models_dir=settings.models_dir,
-        window=args.window,
-        n_threads=args.n_threads,
-    )
-    try:
-        result = perplexity(
-            model,
-            text,
-            window=args.window,
-            max_tokens=args.tokens,
-            progress=progress_printer(f"Evaluating {ref.name}"),
-        )
-        where = str(args.file) if args.file else HELDOUT_LABEL
-        window = min(args.window, model.info.n_ctx)
-        print(
-            f"{ref.name} ({model.info.backend}, {model.info.quant}): perplexity "
-            f"{result.value:.3f} over {result.scored:,} tokens ({result.windows} "
-            f"window{'s' if result.windows != 1 else ''} of "
-            f"{window}, second halves scored) of {where}"
-        )
-    finally:
-        model.close()
-    sys.stdout.flush()
-    return 0

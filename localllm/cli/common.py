@@ -1,0 +1,262 @@
+"""What the command modules share: the parser that reports a bad flag in one line, flag
+groups, argument types, exit codes, progress on stderr, tables, JSON, device names and
+the running server's admin routes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from localllm.config import DEFAULT_PORT, SPECULATE_MODES, Settings
+
+if TYPE_CHECKING:
+    from localllm.backends.base import ModelRef
+
+EXIT_USAGE = 2
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def progress_printer(label: str) -> Callable[[float], None] | None:
+    """A one-line progress display on stderr, only where a person is watching."""
+    if not sys.stderr.isatty():
+        return None
+    last = [-1]
+
+    def show(fraction: float) -> None:
+        pct = int(fraction * 100)
+        if pct != last[0]:
+            last[0] = pct
+            bar = "#" * (pct // 5)
+            end = "\n" if pct >= 100 else ""
+            sys.stderr.write(f"\r{label} [{bar:<20}] {pct:3d}%{end}")
+            sys.stderr.flush()
+
+    return show
+
+
+def device_of(backend: str) -> str:
+    """Where a backend computes on this machine, without loading a model."""
+    if backend == "mlx":
+        from localllm.backends.mlx import mlx_device
+
+        return mlx_device()
+    from localllm.backends.llamacpp_native import gpu_offload
+    from localllm.hardware import physical_cores
+
+    offload = gpu_offload()
+    return "gpu (all layers offloaded)" if offload else f"cpu ({physical_cores()} threads)"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one clear line (exit code 2)."""
+
+    command_names: frozenset[str] = frozenset()  # the top-level parser's commands
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"localllm: error: {message} (see '{self.prog} --help')\n")
+
+
+def temperature(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
+    if not 0.0 <= value <= 2.0:
+        raise argparse.ArgumentTypeError(f"expected a value from 0 to 2, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    value = positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a port is at most 65535, got {value}")
+    return value
+
+
+def model_flags(p: argparse.ArgumentParser, *, model_flag: str = "model") -> None:
+    """The flags of a command that loads a model: which one (`--model`; `model_flag`
+    names where it is stored), its context, threads, backend, and how it decodes."""
+    if model_flag == "model":
+        p.add_argument(
+            "--model", "-m", help="model name, path to a .gguf, or HF repo (default: starter)"
+        )
+    else:
+        p.add_argument(
+            "--model",
+            dest=model_flag,
+            metavar="MODEL",
+            help="the same, as a flag (localllm --model X)",
+        )
+    p.add_argument(
+        "--ctx",
+        type=positive_int,
+        dest="n_ctx",
+        help="context size in tokens (default: the trained context, as far as memory allows)",
+    )
+    p.add_argument(
+        "--threads",
+        type=positive_int,
+        dest="n_threads",
+        help="CPU threads (default: physical cores)",
+    )
+    backend_flag(p)
+    force_flag(p)
+    speculate_flags(p)
+    batch_flags(p)
+
+
+def batch_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--parallel",
+        type=positive_int,
+        help="requests decoded together per model (default: 4, fewer if memory is short)",
+    )
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        default=None,
+        help="each request runs alone and its output does not depend on the prompt cache"
+        " (slower: see the README)",
+    )
+
+
+def speculate_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--speculate",
+        choices=SPECULATE_MODES,
+        help="speculative decoding: lookup (drafts from the prompt), draft (a draft "
+        "model), auto (default: the draft model if one is set, else lookup), off",
+    )
+    p.add_argument(
+        "--draft",
+        dest="draft_model",
+        metavar="MODEL",
+        help="a smaller model with the same vocabulary that drafts tokens",
+    )
+
+
+def force_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--force",
+        action="store_true",
+        dest="force_load",
+        default=None,
+        help="load the model even if the memory estimate says it will not fit",
+    )
+
+
+def backend_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=["auto", "llamacpp", "mlx"],
+        help="auto (default): MLX on Apple Silicon, llama.cpp elsewhere",
+    )
+
+
+def server_flags(p: argparse.ArgumentParser) -> None:
+    """Where the running server is (the commands that talk to it)."""
+    p.add_argument("--host", help="the server's address (default: 127.0.0.1)")
+    p.add_argument("--port", type=port, help=f"the server's port (default: {DEFAULT_PORT})")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+def print_json(value: Any) -> None:
+
+    sys.stdout.write(json.dumps(value, indent=2) + "\n")
+
+
+def print_table(rows: Sequence[Sequence[str]]) -> None:
+    """Rows under a header row, in columns."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def configured_draft(settings: Settings) -> ModelRef | None:
+    from localllm.engine.speculative import configured_draft
+    from localllm.models.store import ModelStore
+
+    return configured_draft(settings, ModelStore.from_settings(settings))
+
+
+def admin(settings: Settings, route: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """POST to a running server's admin route (with LOCALLLM_API_KEY when it is set):
+    (status, JSON body); status 0 when no server answers."""
+    import urllib.error
+    import urllib.request
+
+    url = settings.base_url().removesuffix("/v1") + route
+    headers = {"Content-Type": "application/json"}
+    key = os.environ.get("LOCALLLM_API_KEY")
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=600) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            return exc.code, json.loads(exc.read() or b"{}")
+        except ValueError:
+            return exc.code, {}
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return 0, {"error": {"message": f"no localllm server answers at {url} ({reason})"}}
+
+
+def admin_failed(status: int, body: dict[str, Any]) -> int:
+    message = (body.get("error") or {}).get("message") or f"the server answered {status}"
+    if status == 401:
+        message += " (set LOCALLLM_API_KEY to a key from `localllm keys add`)"
+    sys.stderr.write(f"localllm: error: {message}\n")
+    return 1
+
+
+def origin(ref: ModelRef, models_dir: Path) -> str:
+    """The SOURCE column: where a model lives, for a quantization what it was made from,
+    for a pull the repository (the name it was pulled by runs too)."""
+    from localllm.models.quantize import quantized_from
+    from localllm.models.store import pulled_from
+
+    if ref.source != "store":
+        return ref.source
+    made = quantized_from(ref.path if ref.path.is_dir() else ref.path.parent)
+    if made:
+        return f"store: {made}"
+    repo = pulled_from(ref, models_dir)
+    return f"pulled: {repo}" if repo else ref.source
+
+
+def sampling_line(rec: Any) -> str:
+    """The recommended values and where they came from; the rest are localllm's."""
+    from localllm.backends.base import SamplingParams
+
+    if not rec.values:
+        p = SamplingParams()
+        return (
+            f"localllm's defaults (temperature {p.temperature}, top_p {p.top_p}, "
+            f"top_k {p.top_k}, min_p {p.min_p}): the model recommends none"
+        )
+    said = ", ".join(f"{k} {v:g}" for k, v in rec.values.items())
+    return f"{said} from {rec.source}; the rest localllm's defaults"

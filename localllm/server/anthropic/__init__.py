@@ -1,0 +1,1 @@
+"""The Anthropic Messages API: its request schemas and its routes."""

@@ -1,0 +1,181 @@
+"""The Anthropic Messages API's request bodies (pydantic; a field we do not know is a 400
+naming it) and how their content blocks map onto the engine's messages."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field
+
+from localllm.backends.base import Message, SamplingParams, ToolCall
+from localllm.backends.tools import ToolChoice, ToolSpec
+from localllm.errors import InvalidRequest
+from localllm.server import wire
+
+
+class CacheControl(wire.Wire):
+    type: Literal["ephemeral"]
+    ttl: str | None = None
+
+
+class TextBlock(wire.Wire):
+    type: Literal["text"]
+    text: wire.Text
+    cache_control: CacheControl | None = None
+    citations: list[Any] | None = None
+
+
+class ImageBlock(wire.Wire):
+    type: Literal["image", "document"]
+    source: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolUseBlock(wire.Wire):
+    type: Literal["tool_use"]
+    id: wire.Text
+    name: wire.Text
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(wire.Wire):
+    type: Literal["tool_result"]
+    tool_use_id: wire.Text
+    content: wire.Text | list[TextBlock | ImageBlock] = ""
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            body = self.content
+        else:
+            body = "".join(_text_of(b) for b in self.content)
+        return f"Error: {body}" if self.is_error else body
+
+
+class ThinkingBlock(wire.Wire):
+    """An earlier answer's reasoning, as a client sends it back: not rendered (templates
+    leave an earlier turn's thinking out of the prompt)."""
+
+    type: Literal["thinking"]
+    thinking: wire.Text
+    signature: str | None = None  # the blocks localllm sends carry an empty one
+
+
+class RedactedThinkingBlock(wire.Wire):
+    type: Literal["redacted_thinking"]
+    data: str
+
+
+Block = (
+    TextBlock | ImageBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock
+)
+
+
+def _text_of(block: Block) -> str:
+    if isinstance(block, ImageBlock):
+        raise InvalidRequest(
+            "This model has no vision support: it cannot read image or document blocks.",
+            param="messages",
+            code="vision_not_supported",
+        )
+    return block.text if isinstance(block, TextBlock) else ""  # thinking: not rendered
+
+
+class AnthropicMessage(wire.Wire):
+    role: Literal["user", "assistant"]
+    content: wire.Text | list[Block]
+
+    def to_messages(self) -> list[Message]:
+        if isinstance(self.content, str):
+            return [Message(self.role, self.content)]
+        out: list[Message] = []
+        text: list[str] = []
+        calls: list[ToolCall] = []
+        for block in self.content:
+            if isinstance(block, ToolResultBlock):
+                out.append(Message("tool", block.text(), tool_call_id=block.tool_use_id))
+            elif isinstance(block, ToolUseBlock):
+                arguments = json.dumps(block.input, ensure_ascii=False)
+                calls.append(ToolCall(block.id, block.name, arguments))
+            else:
+                text.append(_text_of(block))
+        if text or calls or not out:
+            out.append(Message(self.role, "".join(text), tool_calls=tuple(calls)))
+        return out
+
+
+class AnthropicTool(wire.Wire):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: wire.Text | None = None
+    input_schema: dict[str, Any]
+    cache_control: CacheControl | None = None
+    type: Literal["custom"] | None = None
+
+
+class AnthropicToolChoice(wire.Wire):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class Metadata(wire.Wire):
+    user_id: str | None = None
+
+
+class _Prompt(wire.Wire):
+    model: wire.Name
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: wire.Text | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    tool_choice: AnthropicToolChoice | None = None
+
+    def engine_messages(self) -> list[Message]:
+        out: list[Message] = []
+        if self.system:
+            system = self.system
+            text = system if isinstance(system, str) else "".join(b.text for b in system)
+            out.append(Message("system", text))
+        for m in self.messages:
+            out += m.to_messages()
+        return out
+
+    def tool_spec(self) -> ToolSpec | None:
+        choice = self.tool_choice or AnthropicToolChoice(type="auto")
+        parallel = not choice.disable_parallel_tool_use
+        if choice.type == "tool":
+            picked = ToolChoice("function", choice.name, parallel)
+        else:
+            mode = {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+            picked = ToolChoice(mode, None, parallel)  # type: ignore[arg-type]
+        functions = [
+            {"name": t.name, "parameters": t.input_schema}
+            | ({"description": t.description} if t.description else {})
+            for t in self.tools or ()
+        ]
+        return wire.tool_spec(functions, picked)
+
+
+class MessagesBody(_Prompt):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[wire.Text] | None = Field(default=None, max_length=wire.MAX_STOP_STRINGS)
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)
+    metadata: Metadata | None = None  # the caller's user id: not used
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams.asked(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=self.max_tokens,
+            stop=tuple(s for s in self.stop_sequences or () if s) or None,
+        )
+
+
+class CountBody(_Prompt):
+    pass

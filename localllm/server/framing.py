@@ -1,0 +1,78 @@
+"""The one paced loop that turns a request's deltas into a streamed body: server-sent
+events (OpenAI, Anthropic) or newline-delimited JSON (Ollama).
+
+The first piece goes out at once; after that, at most one frame every `interval_s`
+(deltas that arrive meanwhile share a frame). Each frame costs the client a JSON parse,
+and on a machine whose cores all decode, that work comes out of the model's time; a
+frame every 20 ms is still smooth to a reader. A failure after the first frame ends the
+body with the API's own error frame.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+
+from fastapi.responses import StreamingResponse
+
+from localllm.engine.output import Delta
+from localllm.engine.stream import ChunkStream
+
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def sse(payload: dict[str, Any]) -> bytes:
+    """`data: {...}` and a blank line."""
+    return b"data: " + _dumps(payload).encode("utf-8") + b"\n\n"
+
+
+def sse_event(name: str, payload: dict[str, Any]) -> bytes:
+    """A named server-sent event (Anthropic's)."""
+    return f"event: {name}\ndata: {_dumps(payload)}\n\n".encode()
+
+
+def ndjson(payload: dict[str, Any]) -> bytes:
+    return _dumps(payload).encode("utf-8") + b"\n"
+
+
+async def paced(
+    stream: ChunkStream,
+    encode: Callable[[Delta], Iterable[bytes]],
+    *,
+    interval_s: float,
+    on_error: Callable[[Exception], bytes],
+    head: Iterable[bytes] = (),
+    tail: Iterable[bytes] = (),
+    clock: Callable[[], float] = time.monotonic,
+) -> AsyncIterator[bytes]:
+    """`head`, then the frames `encode` makes of each delta, then `tail` (also after an
+    error frame). An `encode` that has nothing to say for a delta returns no frames."""
+    last_sent = float("-inf")
+
+    def due_in() -> float:
+        return max(0.0, last_sent + interval_s - clock())
+
+    for frame in head:
+        yield frame
+    try:
+        async for delta in stream.deltas(due_in):
+            for frame in encode(delta):
+                yield frame
+            last_sent = clock()
+    except Exception as exc:  # after the first frame: an error frame, then the end
+        yield on_error(exc)
+    finally:
+        stream.cancel()
+    for frame in tail:
+        yield frame
+
+
+def streaming(
+    frames: AsyncIterator[bytes], media_type: str = "text/event-stream"
+) -> StreamingResponse:
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return StreamingResponse(frames, media_type=media_type, headers=headers)

@@ -1,0 +1,1 @@
+"""llama-server's own API (/infill, /tokenize, /detokenize, /props): its schemas and routes."""

@@ -1,0 +1,1 @@
+"""The Ollama API: its request schemas and its routes."""

@@ -1,0 +1,1 @@
+"""The OpenAI API: its request schemas and its routes."""

@@ -1,0 +1,190 @@
+"""/v1/chat/completions, /v1/completions, /v1/models and /health."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from localllm.engine.client import EngineClient
+from localllm.engine.output import Delta
+from localllm.engine.request import Request as EngineRequest
+from localllm.engine.request import Started
+from localllm.errors import LocalLLMError
+from localllm.server.errors import stream_error
+from localllm.server.framing import SSE_DONE, paced, sse, streaming
+from localllm.server.model_facts import capabilities, meta_of
+from localllm.server.openai import shapes
+from localllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
+from localllm.server.serving import collect, engine_of, interval, start, who
+from localllm.server.wire import now as wire_now
+
+router = APIRouter()
+
+
+async def _respond(
+    request: Request,
+    body: SamplingFields,
+    req: EngineRequest,
+    kind: type[shapes.Shapes],
+) -> JSONResponse | StreamingResponse:
+    """Run a request; answer with one JSON body or an SSE stream in `kind`'s wire shape."""
+    stream, started = await start(request, req)
+    out = kind(started.model, started.prompt_tokens, logprobs=req.params.logprobs is not None)
+    if started.dropped_messages:
+        out.truncated = {
+            "dropped_messages": started.dropped_messages,
+            "prompt_tokens_before": started.prompt_tokens_before,
+        }
+    if started.fallback_from is not None:
+        out.fallback = fallback_field(started)
+    if not body.stream:
+        return JSONResponse(shapes.whole(out, await collect(stream, request)))
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+    def encode(delta: Delta) -> list[bytes]:
+        return [sse(f) for f in shapes.frames(out, delta, include_usage=include_usage)]
+
+    frames = paced(
+        stream,
+        encode,
+        interval_s=interval(request),
+        on_error=lambda exc: sse(stream_error(exc)),
+        tail=(SSE_DONE,),
+    )
+    return streaming(frames)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(
+    body: ChatCompletionRequest, request: Request
+) -> JSONResponse | StreamingResponse:
+    messages = [m.to_message() for m in body.messages]
+    policy = request.app.state.settings.context_policy
+    req = EngineRequest(
+        body.sampling(),
+        messages=messages,
+        model=body.model,
+        context_policy=policy,
+        tools=body.tool_spec(),
+        template_vars=body.chat_template_kwargs,
+        response_format=body.wire_response_format(),
+        **body.extensions(),
+        **who(request),
+    )
+    return await _respond(request, body, req, shapes.ChatShapes)
+
+
+@router.post("/v1/completions", response_model=None)
+async def completions(
+    body: CompletionRequest, request: Request
+) -> JSONResponse | StreamingResponse:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        tokens = [int(t) for t in prompt]
+        req = EngineRequest(
+            body.sampling(),
+            prompt_tokens=tokens,
+            model=body.model,
+            **body.extensions(),
+            **who(request),
+        )
+    else:
+        text = prompt[0] if isinstance(prompt, list) else prompt
+        req = EngineRequest(
+            body.sampling(),
+            prompt=str(text),
+            suffix=body.suffix,
+            model=body.model,
+            **body.extensions(),
+            **who(request),
+        )
+    return await _respond(request, body, req, shapes.TextShapes)
+
+
+@router.get("/v1/models")
+async def list_models(request: Request) -> JSONResponse:
+    """Local models, with extension fields: `context_length` (the trained context, which a
+    longer prompt may use when memory allows), `loaded_context_length` (what it is loaded
+    with now, or null) and `capabilities`."""
+    engine = engine_of(request)
+    body = await asyncio.to_thread(_model_rows, engine)
+    for m in await engine.remotes.models():
+        body["data"].append(
+            {
+                "id": m.name,
+                "object": "model",
+                "created": body["data"][0]["created"] if body["data"] else wire_now(),
+                "owned_by": f"remote:{m.remote}",
+                "context_length": m.n_ctx,
+                "loaded_context_length": m.n_ctx,
+                "capabilities": ["completion", "tools"],
+            }
+        )
+    return JSONResponse(body)
+
+
+def fallback_field(started: Started) -> dict[str, str | None]:
+    """The extension field of an answer the local fallback gave for a remote model."""
+    return {"requested": started.fallback_from, "model": started.model, "reason": started.note}
+
+
+def _model_rows(engine: EngineClient) -> dict[str, Any]:
+    loaded = {row["model"]: row for row in engine.status().resident() if not row["draft_for"]}
+    created = wire_now()
+    rows: list[dict[str, Any]] = []
+    seen = set()
+    for ref in engine.models():
+        if ref.name in seen:
+            continue
+        seen.add(ref.name)
+        row = {"id": ref.name, "object": "model", "created": created, "owned_by": "local"}
+        try:
+            meta = meta_of(ref)
+        except (LocalLLMError, OSError):
+            rows.append(row)
+            continue
+        now = loaded.get(ref.name)
+        row["context_length"] = meta.n_ctx_train
+        row["loaded_context_length"] = now["n_ctx"] if now else None
+        row["capabilities"] = capabilities(meta, ref.format)
+        rows.append(row)
+    for name, now in loaded.items():  # a model loaded by path is listed too
+        if name not in seen:
+            rows.insert(
+                0,
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "local",
+                    "loaded_context_length": now["n_ctx"],
+                },
+            )
+    return {"object": "list", "data": rows}
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    engine = engine_of(request)
+    status = engine.status()
+    ref = status.model_ref
+    body = {
+        "status": "ok" if status.state == "ready" else status.state,
+        "model": ref.name if ref else None,
+        "queued": status.queued,
+        "activity": dict(status.activity),
+        "totals": dict(status.totals),
+        "prompt_cache": dict(status.prompt_cache),
+        "models": status.resident(),
+        "remotes": engine.remotes.status(),
+    }
+    if status.dead is not None:
+        body["error"] = f"the engine stopped: {status.dead}; restart localllm"
+    elif status.last_error and status.state == "ready":
+        body["last_load_error"] = status.last_error  # another model failed; this one serves
+    elif status.last_error:
+        body["error"] = status.last_error
+    return JSONResponse(body, status_code=200 if status.state == "ready" else 503)

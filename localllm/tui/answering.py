@@ -1,0 +1,368 @@
+"""The chat's answering: a prompt sent, the conversation submitted to the engine (a full
+context asks the user, never cuts silently), the answer streamed into the view as typed
+deltas (reasoning folded apart), saved as it grows, and its stats shown at the end.
+`ChatApp` (tui/app.py) is this plus its layout, conversations and commands."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import App
+from textual.containers import VerticalScroll
+
+from localllm.backends import reasoning
+from localllm.backends.base import Chunk, CoreModel, Message, ModelInfo, SamplingParams
+from localllm.backends.reasoning import without_reasoning
+from localllm.config import Settings
+from localllm.engine.client import EngineClient
+from localllm.engine.request import Request
+from localllm.engine.stream import ChunkStream
+from localllm.errors import ContextOverflow, LocalLLMError
+from localllm.history import Conversation, History
+from localllm.tui.attach import Attached, AttachError, attach
+from localllm.tui.pacing import RedrawPacer
+from localllm.tui.screens.dialogs import FullContextScreen
+from localllm.tui.widgets.chat_input import ChatInput
+from localllm.tui.widgets.messages import ChatMessage, speculation_text
+from localllm.tui.widgets.status import StatusBar
+
+NEW_TITLE = "New chat"
+INTERRUPTED = {"interrupted": True}  # an answer's stats until it ends
+SAVE_EVERY_S = 1.0  # a streaming answer is saved this often
+
+
+def device_label(info: ModelInfo) -> str:
+    """Backend, device and why that backend: 'llamacpp cpu (2 threads), auto: not Apple Silicon'."""
+    reason = info.extra.get("backend_reason")
+    return f"{info.backend} {info.device}" + (f", {reason}" if reason else "")
+
+
+class Answering(App[None]):
+    """What sending a prompt and streaming its answer need of the app."""
+
+    settings: Settings
+    engine: EngineClient
+    history: History
+    conv: Conversation | None
+    generating: bool
+    remote_model: str | None  # a remote engine's model the chat talks to (NAME/MODEL)
+    pacer: RedrawPacer
+    _stream: ChunkStream | None
+
+    @property
+    def chat(self) -> VerticalScroll:
+        raise NotImplementedError
+
+    @property
+    def status(self) -> StatusBar:
+        raise NotImplementedError
+
+    @property
+    def prompt_box(self) -> ChatInput:
+        raise NotImplementedError
+
+    async def open_conversation(self, cid: int) -> None:
+        raise NotImplementedError
+
+    async def refresh_sidebar(self) -> None:
+        raise NotImplementedError
+
+    def _retitle(self, cid: int, title: str) -> None:
+        raise NotImplementedError
+
+    @on(ChatInput.Submitted)
+    async def _submitted(self, event: ChatInput.Submitted) -> None:
+        if self.generating:
+            self.notify("An answer is still streaming: wait for it or press Esc to stop it.")
+            return
+        try:
+            attached = attach(event.text, Path.cwd())
+        except AttachError as exc:  # the prompt stays in the box: nothing is lost
+            self.notify(str(exc), title="Not sent", severity="error", timeout=10)
+            return
+        self.prompt_box.clear()
+        self.prompt_box.remember(event.text)
+        if attached.files:
+            await self._say_attached(attached)
+        await self.send(attached.text)
+
+    async def _say_attached(self, attached: Attached) -> None:
+        """A note of what each @file adds to the prompt, in the model's tokens."""
+        notes = []
+        for name, text in attached.files:
+            if self.remote_model is None and self.engine.status().model_info is not None:
+                n = await asyncio.to_thread(self.engine.with_model, None, _counter(text))
+                notes.append(f"{name} ({n:,} tokens)")
+            else:
+                notes.append(f"{name} ({len(text):,} characters)")
+        self.notify("Attached " + ", ".join(notes), title="Files")
+
+    async def send(self, text: str) -> None:
+        assert self.conv is not None
+        mid = self.history.add(self.conv.id, "user", text)
+        if self.conv.title == NEW_TITLE:
+            self._retitle(self.conv.id, _title_from(text))
+        await self.chat.mount(ChatMessage("user", text, message_id=mid))
+        self.chat.scroll_end(animate=False)
+        self.generate()
+
+    def _request(self, conv: Conversation) -> Request:
+        s = conv.settings
+        messages = [Message("system", s.system_prompt)] if s.system_prompt.strip() else []
+        messages += [  # an earlier answer's reasoning is not sent again, as templates expect
+            Message(m.role, without_reasoning(m.content) if m.role == "assistant" else m.content)  # type: ignore[arg-type]
+            for m in self.history.messages(conv.id)
+            if m.in_context and m.role in ("user", "assistant")
+        ]
+        params = SamplingParams.asked(
+            temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
+        )
+        return Request(
+            params,
+            messages=messages,
+            speculate=s.speculate,
+            client="chat",
+            model=self.remote_model,
+            template_vars=None if s.thinking is None else {"enable_thinking": s.thinking},
+        )
+
+    @work(exclusive=True, group="generate", exit_on_error=False)
+    async def generate(self) -> None:
+        conv = self.conv
+        if conv is None:
+            return
+        self.generating = True
+        try:
+            await self._ensure_model_settings(conv)
+            await self._answer_then_stream(conv)
+        except LocalLLMError as exc:
+            self.notify(exc.message, title="Generation failed", severity="error", timeout=10)
+        finally:
+            self.generating = False
+            self._stream = None
+
+    async def _ensure_model_settings(self, conv: Conversation) -> None:
+        """Reload the model when the conversation asks for another context size or backend."""
+        want, backend = conv.settings.n_ctx, conv.settings.backend or self.settings.backend
+        status = self.engine.status()
+        info = status.model_info
+        if info is None or self.remote_model is not None:
+            return
+        other_ctx = bool(want) and info.n_ctx != want
+        other_backend = backend != status.backend_preference
+        if other_ctx or other_backend:
+            what = f"a {want}-token context" if other_ctx else f"backend {backend}"
+            self.status.state = f"reloading with {what}"
+            info = await asyncio.to_thread(
+                self.engine.load, status.model_ref, n_ctx=want, backend=backend
+            )
+            self.status.state = ""
+            self.status.device = device_label(info)
+            self.status.context = f"ctx 0/{info.n_ctx}"
+
+    async def _start(self, conv: Conversation) -> ChunkStream | None:
+        """Submit the conversation; on a full context ask the user, never cut silently."""
+        asked = False
+        while True:
+            stream = self.engine.submit(self._request(conv))
+            self._stream = stream  # Esc works during the prefill too
+            try:
+                started = await stream.started()
+                if started.fallback_from is not None:
+                    self.notify(
+                        f"{started.fallback_from} is unavailable ({started.note}); "
+                        f"{started.model} answers instead.",
+                        title="Remote model down",
+                        severity="warning",
+                        timeout=10,
+                    )
+                return stream
+            except ContextOverflow as exc:
+                if not asked:
+                    asked = True
+                    choice = await self.push_screen_wait(
+                        FullContextScreen(exc.prompt_tokens, exc.n_ctx)
+                    )
+                    if choice == "new":
+                        await self._move_last_prompt_to_new_chat(conv)
+                        return None
+                    if choice != "drop":
+                        return None
+                if not await self._drop_oldest_turn(conv, exc):
+                    return None
+
+    async def _drop_oldest_turn(self, conv: Conversation, exc: ContextOverflow) -> bool:
+        kept = [m for m in self.history.messages(conv.id) if m.in_context]
+        if len(kept) <= 1:
+            self.notify(
+                f"The prompt alone needs {exc.prompt_tokens:,} tokens and the context holds "
+                f"{exc.n_ctx:,}: shorten it or raise the context size in Settings (F4).",
+                severity="error",
+                timeout=15,
+            )
+            return False
+        drop = [kept[0].id]
+        if len(kept) > 2 and kept[1].role == "assistant":
+            drop.append(kept[1].id)
+        self.history.drop_from_context(drop)
+        self.notify(f"Dropped the oldest turn from the context ({len(drop)} messages).")
+        await self.open_conversation(conv.id)
+        return True
+
+    async def _move_last_prompt_to_new_chat(self, conv: Conversation) -> None:
+        msgs = self.history.messages(conv.id)
+        last_user = next((m for m in reversed(msgs) if m.role == "user"), None)
+        if last_user is None:
+            return
+        self.history.delete_message(last_user.id)
+        new = self.history.create(_title_from(last_user.content), conv.settings)
+        self.conv = new
+        await self.refresh_sidebar()
+        await self.open_conversation(new.id)
+        mid = self.history.add(new.id, "user", last_user.content)
+        await self.chat.mount(ChatMessage("user", last_user.content, message_id=mid))
+        await self._answer_then_stream(new)
+
+    async def _answer_then_stream(self, conv: Conversation) -> None:
+        """Mount the (empty) answer, then submit the request and stream into it. Mounting
+        first keeps its layout work out of the decode: the first chunk arrives with the
+        first token, and from then on every millisecond of the UI thread is the model's."""
+        answer = await self._mount_answer(conv)
+        stream = await self._start(conv)
+        if stream is None or not answer.is_attached:  # no answer, or the view was rebuilt
+            if answer.is_attached:
+                await answer.remove()
+            if stream is None:
+                return
+            answer = await self._mount_answer(conv)
+        await self._stream_answer(conv, stream, answer)
+
+    async def _mount_answer(self, conv: Conversation) -> ChatMessage:
+        answer = ChatMessage("assistant", "")
+        if self.conv is not None and self.conv.id == conv.id:  # still on screen
+            await self.chat.mount(answer)
+            await answer.start_answer()
+            if self.conv is not None and self.conv.id == conv.id:
+                self.chat.scroll_end(animate=False)
+            elif answer.is_attached:  # the view moved to another conversation meanwhile
+                await answer.remove()
+        return answer
+
+    async def _stream_answer(
+        self, conv: Conversation, stream: ChunkStream, answer: ChatMessage
+    ) -> None:
+        self._stream = stream
+        shown = answer.is_attached and self.conv is not None and self.conv.id == conv.id
+        pacer = self.pacer
+        pacer.start()
+        parts: list[str] = []  # the answer
+        thoughts: list[str] = []  # its reasoning, when the model thinks
+        final: Chunk | None = None
+        # the answer is in the history from its start, marked interrupted until it ends,
+        # and saved as it grows: a crash or kill -9 keeps what was written, marked
+        mid = self.history.add(conv.id, "assistant", "", INTERRUPTED)
+        answer.message_id = mid
+        saved = time.monotonic()
+        try:
+            async for delta in stream.deltas(pacer.wait):
+                final = delta.final or final
+                thought, text = delta.reasoning, delta.text
+                parts.append(text)
+                thoughts.append(thought)
+                if time.monotonic() - saved > SAVE_EVERY_S:
+                    self.history.update(mid, _stored(thoughts, parts), INTERRUPTED)
+                    saved = time.monotonic()
+                if not (shown and answer.is_attached):
+                    pacer.drawn()  # nothing to draw: the piece was only collected
+                    continue
+                if thought:
+                    await answer.add_thought(thought)
+                if text and await answer.add_text(text):  # it grew: follow it down
+                    chat = self.chat
+                    if chat.is_vertical_scroll_end or chat.max_scroll_y - chat.scroll_y < 3:
+                        chat.scroll_end(animate=False)
+                pacer.drawn()
+        finally:
+            stats = _stats_dict(final)
+            if answer.is_attached:
+                await answer.end_answer()
+            answer.content = _stored(thoughts, parts)
+            self.history.update(mid, answer.content, stats)
+            answer.set_stats(stats)
+            local = self.remote_model is None
+            info = self.engine.status().model_info
+            if final is not None and final.stats is not None and info is not None and local:
+                used = final.stats.prompt_tokens + final.stats.generated_tokens
+                self.status.context = f"ctx {used}/{info.n_ctx}"
+                self.status.speculation = (
+                    speculation_text(stats) if stats and stats.get("draft_proposed") else ""
+                )
+            self.chat.scroll_end(animate=False)
+
+    def action_stop(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+
+    async def action_regenerate(self) -> None:
+        if self.generating or self.conv is None:
+            return
+        msgs = self.history.messages(self.conv.id)
+        if not msgs:
+            return
+        if msgs[-1].role == "assistant":
+            self.history.delete_message(msgs[-1].id)
+            answers = self.chat.query(ChatMessage)
+            if answers and answers.last().role == "assistant":
+                await answers.last().remove()
+        self.generate()
+
+    async def action_edit_last(self) -> None:
+        if self.generating or self.conv is None:
+            return
+        msgs = self.history.messages(self.conv.id)
+        idx = next((i for i in range(len(msgs) - 1, -1, -1) if msgs[i].role == "user"), None)
+        if idx is None:
+            return
+        for m in msgs[idx:]:
+            self.history.delete_message(m.id)
+        await self.open_conversation(self.conv.id)
+        self.prompt_box.load_text(msgs[idx].content)
+        self.prompt_box.move_cursor(self.prompt_box.document.end)
+        self.prompt_box.focus()
+
+
+def _stored(thoughts: list[str], parts: list[str]) -> str:
+    """An answer as the history keeps it: its reasoning, if any, as the think block the
+    model wrote (whether or not the prompt opened it), then the answer."""
+    thought, text = "".join(thoughts), "".join(parts)
+    if not thought:
+        return text
+    return f"{reasoning.OPEN}{thought}{reasoning.CLOSE}\n\n{text}"
+
+
+def _counter(text: str) -> Callable[[CoreModel], int]:
+    """How many tokens `text` is for a model (run on the engine's worker)."""
+
+    def count(model: CoreModel) -> int:
+        return len(model.tokenize(text))
+
+    return count
+
+
+def _title_from(text: str) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else NEW_TITLE
+    return line[:40] + ("…" if len(line) > 40 else "")
+
+
+def _stats_dict(final: Chunk | None) -> dict[str, Any] | None:
+    if final is None or final.stats is None:
+        return None
+    out = asdict(final.stats)
+    out["finish_reason"] = final.finish_reason
+    return out
