@@ -20,13 +20,15 @@ run: $(STAMP)
 	$(BIN)/localllm
 
 lint: $(STAMP)
-	$(BIN)/ruff check localllm tests benchmarks
+	$(BIN)/python .ci/check_structure.py
+	$(BIN)/ruff check localllm tests benchmarks .ci
 	$(BIN)/ruff format --check localllm
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# the mlx tier and the rest side by side (.ci/test_tiers.py): every test runs, in one of them
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python .ci/test_tiers.py
 
 # the tests about control flow: no model, no process (under a minute here)
 test-fast: $(STAMP)
