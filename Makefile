@@ -26,9 +26,8 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-# the mlx tier and the rest side by side (.ci/test_tiers.py): every test runs, in one of them
 test: lint
-	$(BIN)/python .ci/test_tiers.py
+	$(BIN)/python -m pytest -q
 
 # the tests about control flow: no model, no process (under a minute here)
 test-fast: $(STAMP)
