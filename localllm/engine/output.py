@@ -67,7 +67,6 @@ class OutputProcessor:
         if fmt is not None and started.tool_names:
             assert fmt in TOOL_FORMATS, fmt
             self._reader = ReplyReader(fmt, started.tool_names)
-        self.calls: list[ToolCall] = []  # every call so far (the ones a delta carried)
 
     def feed(
         self, text: str, logprobs: Sequence[TokenLogprob] = (), final: Chunk | None = None
@@ -86,7 +85,6 @@ class OutputProcessor:
             if final is not None:
                 rest = reader.close()
                 text, calls = text + rest.content, list(rest.calls)
-        self.calls += calls
         return Delta(text, reasoning, tuple(logprobs), tuple(calls), final)
 
     def chunk(self, chunk: Chunk) -> Delta:
@@ -94,7 +92,6 @@ class OutputProcessor:
         final = chunk if chunk.finish_reason is not None else None
         delta = self.feed(chunk.text, chunk.logprobs, final)
         if chunk.reasoning or chunk.tool_calls:
-            self.calls += chunk.tool_calls
             delta = Delta(
                 delta.text,
                 chunk.reasoning + delta.reasoning,
