@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench install
+.PHONY: run test test-fast lint bench install clients
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "localllm needs Python 3.10 or newer"'
@@ -32,6 +32,11 @@ test: lint
 # the tests about control flow: no model, no process (under a minute here)
 test-fast: $(STAMP)
 	LOCALLLM_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not model and not process and not mlx"
+
+# Codex CLI, Claude Code and opencode (from npm) run headless against a real server;
+# writes docs/clients.md (minutes per client on a CPU; not part of CI)
+clients: $(STAMP)
+	$(BIN)/python .ci/clients.py
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_decode

@@ -60,6 +60,12 @@ class SamplingParams:
     grammar: str | None = None
     # report each token's log probability and this many alternatives (None: none)
     logprobs: int | None = None
+    # llama-server's t_max_predict_ms: once this many seconds have passed since the first
+    # token, the answer ends at the next piece with a newline ("length"); None: no bound
+    newline_deadline_s: float | None = None
+    # a chat template's own turn markers, written out as text by a model that runs on into
+    # an invented next turn: they end the answer like stop strings, reported as a plain stop
+    end_markers: tuple[str, ...] = ()
     # the fields the caller set; the others take the model's recommended values (None:
     # every field is the caller's, as for params built directly)
     given: frozenset[str] | None = None

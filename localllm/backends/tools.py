@@ -285,6 +285,66 @@ def _as_calls(items: Any, names: set[str], key: str = "arguments") -> list[ToolC
 
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_DECODER = json.JSONDecoder()
+
+
+def _hermes_calls(text: str, known: set[str]) -> tuple[list[ToolCall], bool]:
+    """The calls of the <tool_call> blocks up to the first that is not a call of an
+    offered function, and whether every block was one."""
+    calls: list[ToolCall] = []
+    for block in _HERMES.findall(text):
+        try:
+            found = _as_calls(json.loads(block), known)
+        except ValueError:
+            found = None
+        if not found:
+            return calls, False
+        calls += found
+    return calls, True
+
+
+def until_repeat(calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls up to the first that repeats the one before it (same function, same
+    arguments): a small model that says the same call again has stopped making progress,
+    and the repeat would run the same thing twice."""
+    for i in range(1, len(calls)):
+        if (calls[i].name, calls[i].arguments) == (calls[i - 1].name, calls[i - 1].arguments):
+            return calls[:i]
+    return calls
+
+
+def _complete_items(text: str) -> list[Any]:
+    """The whole JSON values at the start of a JSON array's body that was cut short
+    (`{"a": 1}, {"b": ...` gives the first object only)."""
+    items: list[Any] = []
+    i = 0
+    while True:
+        while i < len(text) and text[i] in " \n\t\r,":
+            i += 1
+        try:
+            value, i = _DECODER.raw_decode(text, i)
+        except ValueError:
+            return items
+        items.append(value)
+
+
+def cut_calls(fmt: ToolFormat, text: str, names: Sequence[str]) -> list[ToolCall]:
+    """The calls that were complete in a reply that hit its token limit (the unfinished
+    tail is dropped): whole <tool_call> blocks, or the whole items of a call array."""
+    known = set(names)
+    if fmt == "hermes":
+        return _hermes_calls(text, known)[0]
+    body = text.strip()
+    if fmt == "generic":
+        head = re.match(r'\{\s*"tool_calls"\s*:\s*\[', body)
+        body = body[head.end() :] if head else ""
+        key = "arguments"
+    elif fmt == "mistral":
+        body = body.removeprefix("[TOOL_CALLS]").strip().removeprefix("[")
+        key = "arguments"
+    else:
+        return []  # llama3's one call: cut short, there is none
+    return _as_calls(_complete_items(body), known, key) or []
 
 
 def parse(fmt: ToolFormat, text: str, names: Sequence[str]) -> Parsed:
@@ -304,15 +364,9 @@ def parse(fmt: ToolFormat, text: str, names: Sequence[str]) -> Parsed:
             return Parsed(reply["content"])
         return Parsed(text)
     if fmt == "hermes":
-        calls: list[ToolCall] = []
-        for body in _HERMES.findall(text):
-            try:
-                found = _as_calls(json.loads(body), known)
-            except ValueError:
-                found = None
-            if found is None:
-                return Parsed(text)
-            calls += found
+        calls, whole = _hermes_calls(text, known)
+        if not whole:
+            return Parsed(text)
         return Parsed(_HERMES.sub("", text).strip() if calls else text, calls)
     stripped = text.strip()
     if fmt == "mistral":
@@ -416,14 +470,25 @@ class ReplyReader:
         self._decoded += len(decoded)
         return decoded
 
+    def _held_call(self) -> bool:
+        """Whether what was held back is a tool call in the making (not an answer)."""
+        if self.fmt == "generic":
+            return not self._text.startswith(GENERIC_CONTENT)
+        return self._held
+
     def _take(self, end: int) -> str:
         out = self._text[self._sent : end]
         self._sent = max(self._sent, end)
         return out
 
-    def close(self) -> Parsed:
-        """The rest: content not yet passed on, and the calls."""
+    def close(self, cut: bool = False) -> Parsed:
+        """The rest: content not yet passed on, and the calls (up to the first repeat).
+        `cut`: the reply hit its token limit; a call it was writing is dropped, and the
+        calls before it are kept, so call JSON never reaches the content."""
         parsed = parse(self.fmt, self._text, self.names)
+        if cut and not parsed.calls and self._held_call():
+            return Parsed("", until_repeat(cut_calls(self.fmt, self._text, self.names)))
+        parsed.calls = until_repeat(parsed.calls)
         if not parsed.calls:
             if self.fmt == "generic":
                 if self._decoded:  # streamed as it came (cut short: what was read of it)
@@ -433,6 +498,8 @@ class ReplyReader:
             return Parsed(self._text[self._sent :])
         if self.fmt == "hermes":
             rest = _HERMES.sub("", self._text[self._sent :]).strip()
+            if cut and "<tool_call>" in rest:  # a call it was writing: dropped
+                rest = rest[: rest.index("<tool_call>")].strip()
             return Parsed(rest, parsed.calls)
         return Parsed("", parsed.calls)
 

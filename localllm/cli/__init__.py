@@ -41,6 +41,7 @@ COMMANDS = (
     "service",
     "logs",
     "remote",
+    "launch",
 )
 # the settings a command's flags may set (config.Settings' names)
 SETTING_FLAGS = (

@@ -30,7 +30,7 @@ from localllm.engine.request import Job, Request
 from localllm.engine.residency import Residency
 from localllm.engine.stream import ChunkStream, chunks_of
 from localllm.engine.worker import Worker
-from localllm.errors import InvalidRequest
+from localllm.errors import InvalidRequest, ModelNotFound
 from localllm.models import fit
 from localllm.models.store import ModelStore
 
@@ -105,12 +105,25 @@ class Engine:
         return self.worker.activity()
 
     def models(self) -> list[ModelRef]:
-        """The models on this machine (reads the models folder)."""
-        return self.store.models()
+        """The models on this machine (reads the models folder), and those loaded from a
+        file outside it (`--model PATH`)."""
+        found = self.store.models()
+        names = {ref.name for ref in found}
+        return found + [ref for ref in self._loaded_refs() if ref.name not in names]
 
     def resolve(self, name: str, *, paths: bool = True) -> ModelRef:
-        """A model name (or, with `paths`, a file or folder) as the store finds it."""
-        return self.store.resolve(name, paths=paths)
+        """A model name (or, with `paths`, a file or folder) as the store finds it; a
+        model loaded from a file outside the store is found by its name."""
+        try:
+            return self.store.resolve(name, paths=paths)
+        except ModelNotFound:
+            loaded = next((ref for ref in self._loaded_refs() if ref.name == name), None)
+            if loaded is None:
+                raise
+            return loaded
+
+    def _loaded_refs(self) -> list[ModelRef]:
+        return [res.ref for res in list(self.residency.resident.values()) if not res.draft_for]
 
     def remove(self, ref: ModelRef) -> None:
         """Delete a local model's files."""

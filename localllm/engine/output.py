@@ -83,7 +83,7 @@ class OutputProcessor:
         if reader is not None:
             text = reader.feed(text)
             if final is not None:
-                rest = reader.close()
+                rest = reader.close(cut=final.finish_reason == "length")
                 text, calls = text + rest.content, list(rest.calls)
         return Delta(text, reasoning, tuple(logprobs), tuple(calls), final)
 

@@ -92,6 +92,28 @@ def check_token_ids(info: ModelInfo, tokens: Sequence[int]) -> None:
             )
 
 
+# the turn markers of common template families (ChatML, Llama 3, Gemma, Phi): in a chat
+# whose template uses them, a model that writes one out as text has begun a turn of its own
+TURN_MARKERS = (
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|start_header_id|>",
+    "<start_of_turn>",
+    "<end_of_turn>",
+    "<|end|>",
+    "<|user|>",
+)
+
+
+def end_markers(request: Request, template: str | None) -> tuple[str, ...]:
+    """The turn markers that end a chat's answer under its model's template (as Ollama's
+    model files list them as stops); none for raw prompts, which may well contain them."""
+    if request.messages is None or not template:
+        return ()
+    return tuple(m for m in TURN_MARKERS if m in template)
+
+
 def render_prompt(model: LoadedModel, request: Request) -> list[int]:
     """The prompt tokens for a request: chat template, raw text, FIM, or given tokens."""
     info = model.info
@@ -118,10 +140,41 @@ def render_messages(model: LoadedModel, request: Request, messages: Sequence[Mes
     spec = request.tools
     variables = dict(request.template_vars or {})
     if fmt == "generic":
-        return model.render_chat(tools.generic_messages(messages, spec), variables)
-    if spec is not None and spec.choice.mode != "none":
+        messages = tools.generic_messages(messages, spec)
+    elif spec is not None and spec.choice.mode != "none":
         variables["tools"] = [{"type": "function", "function": f} for f in spec.offered()]
-    return model.render_chat(messages, variables)
+    try:
+        return model.render_chat(messages, variables)
+    except InvalidRequest as exc:
+        late = any(m.role == "system" for m in messages[1:])
+        if exc.param != "messages" or not late:
+            raise
+    # a template that takes a system message only first (Claude Code sends others later
+    # on): each later one goes into the user turn that follows it
+    return model.render_chat(inline_late_system(messages), variables)
+
+
+def inline_late_system(messages: Sequence[Message]) -> list[Message]:
+    """The messages with each system message after the first turn written at the start
+    of the next user message (or, with none after it, at the end of the last one)."""
+    out: list[Message] = []
+    waiting: list[str] = []
+    for i, m in enumerate(messages):
+        if m.role == "system" and i > 0:
+            waiting.append(m.content)
+        elif m.role == "user" and waiting:
+            out.append(dataclasses.replace(m, content="\n\n".join([*waiting, m.content])))
+            waiting = []
+        else:
+            out.append(m)
+    if waiting:
+        last = max((i for i, m in enumerate(out) if m.role == "user"), default=None)
+        if last is None:
+            out.append(Message("user", "\n\n".join(waiting)))
+        else:
+            joined = "\n\n".join([out[last].content, *waiting])
+            out[last] = dataclasses.replace(out[last], content=joined)
+    return out
 
 
 def with_tool_grammar(model: LoadedModel, request: Request) -> tuple[Request, str | None]:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from localllm.backends.base import Message, ModelRef, SamplingParams
+from localllm.backends.base import Chunk, GenerationStats, Message, ModelRef, SamplingParams
 from localllm.backends.tools import ToolSpec
 
 END: Any = object()  # the worker's last item for a request
@@ -107,3 +107,10 @@ class Job:
         if self.on_end is not None:
             self.on_end()
             self.on_end = None
+
+
+def end_unstarted(job: Job, model: str) -> None:
+    """A request abandoned while it waited: it ends the usual way, with nothing generated
+    (its caller then sends END)."""
+    job.emit(Started(model=model, prompt_tokens=0))
+    job.emit(Chunk("", (), finish_reason="cancelled", stats=GenerationStats(0, 0, 0, 0.0, 0.0)))

@@ -49,7 +49,7 @@ from localllm.backends.common import (
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.grammar import Constraint
-from localllm.engine.request import END, Job, Request, Started
+from localllm.engine.request import END, Job, Request, Started, end_unstarted
 from localllm.errors import LocalLLMError
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,13 @@ class Running:
     @property
     def prefilling(self) -> bool:
         return self.pending is None
+
+    def spent(self, text: str) -> bool:
+        """Its token limit is reached, or its time bound (llama-server's t_max_predict_ms,
+        which ends an answer only at a newline) is spent and this piece ends a line."""
+        bound = self.job.request.params.newline_deadline_s
+        late = bound is not None and time.perf_counter() - (self.t_first or self.t0) > bound
+        return self.generated >= self.limit or (late and "\n" in text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,7 +150,7 @@ class Scheduler:
         cancelled or ready one, unless a deterministic one still being read comes first
         (it holds back those behind it, so they give the worker nothing to do yet)."""
         for job in sorted(self.waiting, key=lambda j: (not _interactive(j.request), j.arrival)):
-            if job.cancel.is_set() or _ready(job):
+            if job.cancel.is_set() or job.ready:
                 return True
             if job.request.deterministic:
                 return False
@@ -200,7 +207,7 @@ class Scheduler:
                 self._ended.append((job, END))
                 continue
             deterministic = bool(job.request.deterministic)
-            if not _ready(job):  # its prompt is still being read
+            if not job.ready:  # its prompt is still being read
                 if deterministic:
                     return  # it holds back those behind it meanwhile too
                 i += 1
@@ -244,7 +251,7 @@ class Scheduler:
             cached=cached,
             limit=limit,
             sampler=model.new_sampler(params, prompt),
-            text=TextAssembler(params.stop),
+            text=TextAssembler(params.stop + params.end_markers),
             exact=adm.exact,
             high=_interactive(job.request),
             started=adm.started,
@@ -376,7 +383,7 @@ class Scheduler:
         if r.text.stopped or (r.constraint is not None and r.constraint.done):
             self._finish(r, "stop")
             return False
-        if r.generated >= r.limit:
+        if r.spent(text):
             self._finish(r, "length")
             return False
         r.pending = tok
@@ -402,7 +409,7 @@ class Scheduler:
             time.perf_counter(),
             proposed=r.counts.proposed,
             accepted=r.counts.accepted,
-            stop_sequence=r.text.matched if finish == "stop" else None,
+            stop_sequence=r.text.matched if r.text.matched in r.job.request.params.stop else None,
         )
         self._release(r)
         self._hooks.ended(r.job, r, chunk)
@@ -417,11 +424,6 @@ class Scheduler:
         self.active.pop(r.seq, None)
         self._last_used[r.seq] = time.monotonic()
         self.model.free_sampler(r.sampler)
-
-
-def _ready(job: Job) -> bool:
-    """Whether a waiting job can start: its prompt has been read."""
-    return job.ready
 
 
 def _interactive(request: Request) -> bool:
@@ -439,12 +441,3 @@ def _aligned_part(done: int, n_prompt: int) -> int:
     if n_prompt - done <= 1:
         return n_prompt - done
     return min((done // ALIGN + 1) * ALIGN, n_prompt - 1) - done
-
-
-def end_unstarted(job: Job, model: str) -> None:
-    """A request abandoned while it waited: it ends the usual way, with nothing generated
-    (its caller then sends END)."""
-    from localllm.backends.base import GenerationStats
-
-    job.emit(Started(model=model, prompt_tokens=0))
-    job.emit(Chunk("", (), finish_reason="cancelled", stats=GenerationStats(0, 0, 0, 0.0, 0.0)))

@@ -24,11 +24,10 @@ from localllm.backends.base import SamplingParams
 from localllm.config import Settings
 from localllm.engine.client import EngineStatus, LoadedRow, State, _frozen
 from localllm.engine.lifecycle import Lifecycle, logged
-from localllm.engine.prompt import check_token_ids, fit_prompt, with_tool_grammar
+from localllm.engine.prompt import check_token_ids, end_markers, fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache
-from localllm.engine.request import Job, Request
+from localllm.engine.request import Job, Request, end_unstarted
 from localllm.engine.residency import GrowthFailed, Residency, Resident
-from localllm.engine.scheduler import end_unstarted
 from localllm.errors import ContextOverflow, LocalLLMError, ServerBusy
 from localllm.models.sampling import Recommended
 
@@ -309,7 +308,10 @@ class Worker:
             job.request = dataclasses.replace(
                 request,
                 deterministic=self.life.deterministic(request),
-                params=request.params.with_defaults(res.sampling.values),
+                params=dataclasses.replace(
+                    request.params.with_defaults(res.sampling.values),
+                    end_markers=end_markers(request, res.model.info.chat_template),
+                ),
             )
             self._schedule(job, res)
         except LocalLLMError as exc:

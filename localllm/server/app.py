@@ -27,6 +27,7 @@ from localllm.server.ollama.routes import router as ollama_router
 from localllm.server.openai.embeddings import router as embeddings_router
 from localllm.server.openai.routes import router
 from localllm.server.openapi import install_openapi
+from localllm.server.responses.routes import router as responses_router
 from localllm.server.wire import error_for
 
 log = logging.getLogger(__name__)
@@ -109,6 +110,7 @@ def create_app(
     app.include_router(embeddings_router)
     app.include_router(ollama_embeddings_router)
     app.include_router(llamacpp_router)
+    app.include_router(responses_router)
     install_openapi(app)
 
     @app.get("/metrics", include_in_schema=False)
@@ -126,6 +128,7 @@ def create_app(
         embeddings_router,
         ollama_embeddings_router,
         llamacpp_router,
+        responses_router,
     ]
     every = [r for each in routers for r in each.routes] + list(app.routes)
     routes = {str(getattr(r, "path", "")) for r in every}

@@ -16,6 +16,8 @@ Why each check:
   Starlette's CORSMiddleware, given the same policy.
 - A form or `text/plain` POST is a "simple" request a page can send without a
   preflight: POSTs must say `application/json`, so none of those starts a generation.
+  A POST with no Content-Type at all is taken as JSON when it bears no browser's signs
+  (no Origin, no Sec-Fetch-Site): litellm's Ollama provider, and so aider, sends those.
 """
 
 from __future__ import annotations
@@ -204,6 +206,10 @@ class Guard:
                     )
         if method == "POST" and path in self.json_paths:
             kind = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+            if not kind and not _from_browser(headers):
+                # litellm's Ollama provider sends JSON with no type at all: read it as JSON
+                scope["headers"] = [*scope["headers"], (b"content-type", b"application/json")]
+                return None
             if kind != "application/json" and not kind.endswith("+json"):
                 shown = kind or "none"
                 return (
@@ -245,6 +251,12 @@ def write_access_log(stream: Any) -> None:
     access_log.addHandler(handler)
     access_log.setLevel(logging.INFO)
     access_log.propagate = False
+
+
+def _from_browser(headers: dict[str, str]) -> bool:
+    """Whether a request bears a browser's signs: every browser sends Origin on a POST
+    from another site and Sec-Fetch-Site on every request; programs send neither."""
+    return "origin" in headers or "sec-fetch-site" in headers
 
 
 def _presented(headers: dict[str, str]) -> str:

@@ -57,7 +57,7 @@ _WHY = {
 }
 _ALWAYS = ("401", "403", "404", "429")
 _WITH_BODY = ("400", "413", "415", "503")
-_STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/messages")
+_STREAMED = ("/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses")
 _NDJSON = ("/api/chat", "/api/generate", "/api/pull")
 
 
@@ -103,6 +103,8 @@ def describe(doc: dict[str, Any]) -> dict[str, Any]:
             codes = list(_ALWAYS)
             if method in ("post", "put", "patch", "delete"):
                 codes += _WITH_BODY
+            elif any(p.get("in") == "query" for p in op.get("parameters", [])):
+                codes.append("400")  # a query parameter out of range
             if path == "/health":
                 codes = ["403", "503"]
             else:

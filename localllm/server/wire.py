@@ -11,9 +11,16 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
 
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.config import MAX_KEEP_ALIVE_S
@@ -55,8 +62,18 @@ TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
 class Wire(BaseModel):
     # A field we do not know is refused by name (a 400), never ignored: a client that sends
     # `tools` or `response_format` must not get an answer that silently went without them.
+    # The exception is a client's bookkeeping, listed by name in `IGNORED` from
+    # server/tolerance.py (with who sends it and why it cannot change the answer).
     # Strict types: 0 is not false and false is not a token id (integers still pass as floats).
     model_config = ConfigDict(extra="forbid", strict=True)
+    IGNORED: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_bookkeeping(cls, data: Any) -> Any:
+        if cls.IGNORED and isinstance(data, dict) and not cls.IGNORED.isdisjoint(data):
+            return {k: v for k, v in data.items() if k not in cls.IGNORED}
+        return data
 
 
 class FunctionDef(Wire):

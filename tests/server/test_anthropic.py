@@ -94,11 +94,11 @@ def test_errors_in_anthropics_shape(client: anthropic.Anthropic):
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(model="starter", max_tokens=4,
                                messages=[{"role": "user", "content": "hi"}],
-                               extra_body={"thinking": {"type": "enabled", "budget_tokens": 1024}})
+                               extra_body={"repetition_penalty": 1.3})
     body = info.value.body
     assert isinstance(body, dict)
     assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
-    assert "thinking" in body["error"]["message"]
+    assert "repetition_penalty" in body["error"]["message"]
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="nope", max_tokens=4,
                                messages=[{"role": "user", "content": "hi"}])

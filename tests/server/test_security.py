@@ -111,9 +111,13 @@ def test_simple_cross_site_posts_cannot_start_a_generation(guarded: ServerProces
     for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
         err = error_of(httpx.post(url, content=body, headers={"Content-Type": kind}), 415)
         assert kind in err["message"] and "application/json" in err["message"]
-    err = error_of(httpx.post(url, content=body), 415)  # no content type at all
-    assert "none" in err["message"]
+    # no content type at all, from a browser (which always says where it fetches from)
+    for signs in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://localhost:3000"}):
+        err = error_of(httpx.post(url, content=body, headers=signs), 415)
+        assert "none" in err["message"]
     assert guarded.health()["totals"]["requests"] == before
+    # ... from a program (litellm's Ollama provider, so aider): taken as JSON
+    assert httpx.post(url, content=body).status_code == 200
 
 
 def test_request_id_is_returned_and_echoed(guarded: ServerProcess):

@@ -8,6 +8,7 @@ native path: `<tool_call>` blocks in the reply, constrained when a call is requi
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -184,7 +185,9 @@ def test_json_object(server: ServerProcess):
     r = client_of(server).chat.completions.create(
         model="starter", messages=[{"role": "user", "content": "A JSON object about cats"}],
         response_format={"type": "json_object"}, temperature=0.8, seed=0, max_tokens=200,
-        frequency_penalty=0.5)  # greedy, this small model repeats a list until the limit
+        frequency_penalty=0.5,  # greedy, this small model repeats a list until the limit
+        # alone and independent of the prompt cache: the same answer whatever ran before
+        extra_body={"deterministic": True})
     assert r.choices[0].finish_reason == "stop"
     assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
 
@@ -273,3 +276,47 @@ def test_openai_hints_are_accepted_and_store_is_refused(server: ServerProcess):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="starter", messages=ASK, max_tokens=2, store=True)
     assert "store=true" in info.value.message
+
+
+TWO_CITIES: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the weather in Paris and in London?"}
+]
+
+
+@pytest.mark.parametrize("which", ["generic", "hermes"])
+def test_one_call_unless_parallel_calls_are_asked(
+    which: str, server: ServerProcess, hermes_server: ServerProcess
+):
+    """A required call on a small model is one call (llama-server's default too); with
+    parallel_tool_calls it is at most MAX_PARALLEL_CALLS, none repeating the one before."""
+    srv, model = (server, "starter") if which == "generic" else (hermes_server, "hermes-starter")
+    client = client_of(srv)
+    one = client.chat.completions.create(
+        model=model, messages=TWO_CITIES, tools=TOOLS, tool_choice="required",
+        temperature=0, max_tokens=300)
+    assert one.choices[0].finish_reason == "tool_calls"
+    assert len(one.choices[0].message.tool_calls or []) == 1
+    assert not one.choices[0].message.content
+    many = client.chat.completions.create(
+        model=model, messages=TWO_CITIES, tools=TOOLS, tool_choice="required",
+        parallel_tool_calls=True, temperature=0, max_tokens=600)
+    calls = many.choices[0].message.tool_calls or []
+    check_calls(calls, {"get_weather", "get_time"})
+    assert len(calls) <= 8
+    said = [(c.function.name, c.function.arguments) for c in calls if c.type == "function"]
+    assert all(a != b for a, b in itertools.pairwise(said))
+    assert not many.choices[0].message.content
+
+
+@pytest.mark.parametrize("which", ["generic", "hermes"])
+def test_a_call_cut_by_its_token_limit_never_reaches_the_content(
+    which: str, server: ServerProcess, hermes_server: ServerProcess
+):
+    srv, model = (server, "starter") if which == "generic" else (hermes_server, "hermes-starter")
+    cut = client_of(srv).chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice="required", temperature=0,
+        max_tokens=6)
+    choice = cut.choices[0]
+    assert choice.finish_reason == "length"
+    assert not choice.message.tool_calls  # no call was finished in 6 tokens
+    assert not choice.message.content  # and the half-written one is not passed on as text

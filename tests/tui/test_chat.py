@@ -360,6 +360,12 @@ async def test_switching_conversations_while_streaming(make_app, history: Histor
         app.prompt_box.load_text("Write a very long essay about mountains.")
         press_enter_without_waiting(app)
         await wait_for(pilot, lambda: app.generating, "generation to start", limit=400)
+
+        def words_written() -> bool:  # stopped before its first word, nothing would be kept
+            running = app.engine.status().activity.get("requests", ())
+            return any(r.get("generated", 0) >= 2 for r in running)
+
+        await wait_for(pilot, words_written, "the first words of the answer", limit=400)
         await app.open_conversation(other.id)  # what selecting it in the sidebar does
         app.action_stop()
         await wait_for(pilot, lambda: not app.generating, "the answer to stop")

@@ -172,3 +172,52 @@ GEMMA_LIKE = (
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
 )
 
+
+
+def read(fmt: str, text: str, *, cut: bool) -> tools.Parsed:
+    reader = ReplyReader(fmt, ["get_weather", "get_time"])  # type: ignore[arg-type]
+    shown = reader.feed(text)
+    rest = reader.close(cut=cut)
+    return tools.Parsed(shown + rest.content, rest.calls)
+
+
+PARIS = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+LONDON = '{"name": "get_weather", "arguments": {"city": "London"}}'
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("generic", '{"tool_calls": [' + PARIS + ", " + LONDON + ', {"name": "get_we'),
+    ("hermes", f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{LONDON}\n</tool_call>\n"
+               '<tool_call>\n{"name": "get_'),
+    ("mistral", "[TOOL_CALLS][" + PARIS + ", " + LONDON + ', {"name": '),
+])
+def test_a_reply_cut_by_its_limit_keeps_the_calls_it_finished(fmt: str, text: str):
+    parsed = read(fmt, text, cut=True)
+    assert [json.loads(c.arguments)["city"] for c in parsed.calls] == ["Paris", "London"]
+    assert parsed.content == ""  # the unfinished call never reaches the content
+
+
+def test_a_reply_cut_inside_its_first_call_has_no_calls_and_no_json():
+    parsed = read("generic", '{"tool_calls": [{"name": "get_weather", "argu', cut=True)
+    assert parsed.calls == [] and parsed.content == ""
+
+
+def test_a_cut_generic_answer_keeps_its_text():
+    parsed = read("generic", '{"content": "It is sunny in Par', cut=True)
+    assert parsed.content == "It is sunny in Par" and parsed.calls == []
+
+
+def test_a_repeated_call_ends_the_list():
+    text = '{"tool_calls": [' + ", ".join([PARIS, PARIS, LONDON]) + "]}"
+    parsed = read("generic", text, cut=False)
+    assert [json.loads(c.arguments)["city"] for c in parsed.calls] == ["Paris"]
+    # different calls in a row are kept
+    text = '{"tool_calls": [' + ", ".join([PARIS, LONDON, PARIS]) + "]}"
+    assert len(read("generic", text, cut=False).calls) == 3
+
+
+def test_one_call_unless_parallel_is_asked():
+    single = tools.lark_grammar("generic", spec("required", parallel=False), str)
+    several = tools.lark_grammar("generic", spec("required", parallel=True), str)
+    assert '"maxItems": 1' in single
+    assert f'"maxItems": {tools.MAX_PARALLEL_CALLS}' in several

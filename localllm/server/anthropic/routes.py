@@ -36,10 +36,10 @@ def _stop(delta: Delta) -> tuple[str, str | None]:
     """stop_reason and stop_sequence of an answer's last delta."""
     final = delta.final
     assert final is not None
+    if final.finish_reason == "length":
+        return "max_tokens", None  # the calls it finished before the limit still come
     if delta.tool_calls:
         return "tool_use", None
-    if final.finish_reason == "length":
-        return "max_tokens", None
     if final.stop_sequence is not None:
         return "stop_sequence", final.stop_sequence
     return "end_turn", None
@@ -79,6 +79,7 @@ async def messages(body: MessagesBody, request: Request) -> JSONResponse | Strea
         model=body.model,
         context_policy=settings_of(request).context_policy,
         tools=body.tool_spec(),
+        template_vars=body.template_vars(),
         **who(request),
     )
     stream, started = await start(request, req)
@@ -191,6 +192,7 @@ async def count_tokens(body: CountBody, request: Request) -> JSONResponse:
         messages=body.engine_messages(),
         model=body.model,
         tools=body.tool_spec(),
+        template_vars=body.template_vars(),
         **who(request),
     )
     tokens = await asyncio.to_thread(engine.prompt_tokens, req)

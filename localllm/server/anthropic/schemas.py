@@ -10,8 +10,9 @@ from pydantic import Field
 
 from localllm.backends.base import Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
+from localllm.engine import grammar
 from localllm.errors import InvalidRequest
-from localllm.server import wire
+from localllm.server import tolerance, wire
 
 
 class CacheControl(wire.Wire):
@@ -85,12 +86,17 @@ def _text_of(block: Block) -> str:
 
 
 class AnthropicMessage(wire.Wire):
-    role: Literal["user", "assistant"]
+    # "system": Claude Code's mid-conversation system messages (its anthropic-beta
+    # "mid-conversation-system"), kept in place; engine/prompt.py moves them into the next
+    # user turn for a template that takes a system message only first
+    role: Literal["user", "assistant", "system"]
     content: wire.Text | list[Block]
 
     def to_messages(self) -> list[Message]:
         if isinstance(self.content, str):
             return [Message(self.role, self.content)]
+        if self.role == "system":
+            return [Message("system", "".join(_text_of(b) for b in self.content))]
         out: list[Message] = []
         text: list[str] = []
         calls: list[ToolCall] = []
@@ -125,12 +131,49 @@ class Metadata(wire.Wire):
     user_id: str | None = None
 
 
+class Thinking(wire.Wire):
+    """Extended thinking. For a model that thinks (its template reads `enable_thinking`),
+    enabled and adaptive turn it on and disabled off; for one that does not, there is
+    nothing to turn on and the answer is the same. The budget is not enforced (the
+    answer's max_tokens bounds thinking and text together, as Anthropic's does)."""
+
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = Field(default=None, ge=0)
+
+
+class OutputFormat(wire.Wire):
+    type: Literal["json_schema"]
+    schema_: dict[str, Any] = Field(alias="schema")
+
+
+class OutputConfig(wire.Wire):
+    """Claude Code's effort (passed to the template as `reasoning_effort`, which thinking
+    models such as gpt-oss read; others answer the same) and structured output, honoured
+    through the grammar."""
+
+    effort: Literal["low", "medium", "high", "max"] | None = None
+    format: OutputFormat | None = None
+
+
 class _Prompt(wire.Wire):
+    IGNORED = tolerance.names(tolerance.ANTHROPIC)
+
     model: wire.Name
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: wire.Text | list[TextBlock] | None = None
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    thinking: Thinking | None = None
+    output_config: OutputConfig | None = None
+
+    def template_vars(self) -> dict[str, Any] | None:
+        """What the chat template is told of thinking and effort (None: nothing)."""
+        out: dict[str, Any] = {}
+        if self.thinking is not None:
+            out["enable_thinking"] = self.thinking.type != "disabled"
+        if self.output_config is not None and self.output_config.effort is not None:
+            out["reasoning_effort"] = self.output_config.effort
+        return out or None
 
     def engine_messages(self) -> list[Message]:
         out: list[Message] = []
@@ -168,12 +211,14 @@ class MessagesBody(_Prompt):
     metadata: Metadata | None = None  # the caller's user id: not used
 
     def sampling(self) -> SamplingParams:
+        out = self.output_config.format if self.output_config else None
         return SamplingParams.asked(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             max_tokens=self.max_tokens,
             stop=tuple(s for s in self.stop_sequences or () if s) or None,
+            grammar=grammar.from_json_schema(out.schema_ or {"type": "object"}) if out else None,
         )
 
 

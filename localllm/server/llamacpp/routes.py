@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -26,23 +27,25 @@ from localllm.engine.client import EngineClient
 from localllm.engine.request import Infill
 from localllm.engine.request import Request as EngineRequest
 from localllm.errors import InvalidRequest
-from localllm.server import wire
+from localllm.server import samplers, tolerance, wire
+from localllm.server.samplers import deadline
 from localllm.server.serving import IDLE_WAKE_S, cancel_on_disconnect, start, who
 
 router = APIRouter()
-
-# the names in llama-server's `samplers` that localllm honours: a filter left out of the
-# list is off; they run in localllm's order. "infill" (llama.cpp's end-of-fill handling)
-# is taken as a name llama.vim always sends: the fill ends at the model's end token.
-SAMPLERS = {"top_k", "top_p", "min_p", "temperature", "penalties", "infill"}
+MAX_COMPLETIONS = 8  # n_cmpl's bound (llama-server's is its slot count)
+ALTERNATIVE_TEMPERATURE = 0.8  # n_cmpl's other completions, when none was asked
 
 
 class ExtraChunk(wire.Wire):
+    IGNORED = tolerance.names(tolerance.INFILL_CHUNK)
+
     text: wire.Text
     filename: wire.Text = ""
 
 
 class InfillBody(wire.Wire):
+    IGNORED = tolerance.names(tolerance.INFILL)
+
     input_prefix: wire.Text = ""
     input_suffix: wire.Text = ""
     input_extra: list[ExtraChunk] = Field(default_factory=list, max_length=1024)
@@ -59,35 +62,27 @@ class InfillBody(wire.Wire):
     seed: int | None = None
     samplers: list[str] | None = None
     stream: Literal[False] = False
-    cache_prompt: Literal[True] = True  # false: a 400 (the prompt cache is always used)
-    # llama.vim sends it on every request; llama-server parses it and does nothing with it
-    # (a TODO in its source), so an editor's first request with a large context is read
-    # whole there. Accepted here for the same behaviour; cutting the prompt short would
-    # answer such requests with nothing.
-    t_max_prompt_ms: int | None = Field(default=None, ge=0)
+    cache_prompt: bool = True  # the answer is the same either way; the cache is always kept
     t_max_predict_ms: int | None = Field(default=None, ge=0)
     response_fields: list[str] | None = None
-    id_slot: int | None = None  # accepted: sequences are chosen by their cached prefix
+    # llama-server's number of completions for one prompt (llama.vscode asks for 3):
+    # answered as a list of that many results (see _alternative)
+    n_cmpl: int = Field(default=1, ge=1, le=MAX_COMPLETIONS)
 
     def sampling(self) -> SamplingParams:
-        unknown = sorted(set(self.samplers or ()) - SAMPLERS)
-        if unknown:
-            raise InvalidRequest(
-                f"unknown sampler {unknown[0]!r}; known: {', '.join(sorted(SAMPLERS))}",
-                param="samplers",
-            )
         # n_predict 0 reads the prompt only (llama.vim warms the cache with it)
         limit = None if self.n_predict < 0 else max(self.n_predict, 1)
-        listed = set(SAMPLERS if self.samplers is None else self.samplers)
+        filters = samplers.chosen(self.samplers, self.top_k, self.top_p, self.min_p)
         return SamplingParams(temperature=0.0).with_overrides(
             temperature=self.temperature,
-            top_k=self.top_k if "top_k" in listed else 0,
-            top_p=self.top_p if "top_p" in listed else 1.0,
-            min_p=self.min_p if "min_p" in listed else 0.0,
+            top_k=filters.top_k,
+            top_p=filters.top_p,
+            min_p=filters.min_p,
             repeat_penalty=self.repeat_penalty,
             seed=self.seed,
             max_tokens=limit,
             stop=tuple(s for s in self.stop if s) or None,
+            newline_deadline_s=deadline(self.t_max_predict_ms),
         )
 
 
@@ -135,21 +130,54 @@ def flatten(body: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return out
 
 
-@router.post("/infill")
+@router.post("/infill", response_model=None)
 async def infill(body: InfillBody, request: Request) -> JSONResponse:
-    t0 = time.perf_counter()
     spec = Infill(
         prefix=body.input_prefix,
         suffix=body.input_suffix,
         extra=tuple((c.filename, c.text) for c in body.input_extra),
         typed=body.prompt,
     )
-    req = EngineRequest(body.sampling(), infill=spec, model=body.model, **who(request))
+    params = body.sampling()
+    if body.n_cmpl == 1:
+        return JSONResponse(_shaped(await _fill(body, request, spec, params), body))
+    results = await asyncio.gather(
+        *(_fill(body, request, spec, _alternative(params, body, i)) for i in range(body.n_cmpl))
+    )
+    return JSONResponse([_shaped(r | {"index": i}, body) for i, r in enumerate(results)])
+
+
+def _alternative(params: SamplingParams, body: InfillBody, index: int) -> SamplingParams:
+    """The sampling of the `index`th of n_cmpl completions. The first is the request's
+    own; the others are alternatives, so with greedy decoding by default (no temperature
+    asked) they sample at ALTERNATIVE_TEMPERATURE, each with its own seed, where
+    llama-server samples every one."""
+    if index == 0:
+        return params
+    seed = None if params.seed is None else params.seed + index
+    if body.temperature is None:
+        return replace(params, temperature=ALTERNATIVE_TEMPERATURE, seed=seed)
+    return replace(params, seed=seed)
+
+
+def _shaped(out: dict[str, Any], body: InfillBody) -> dict[str, Any]:
+    return flatten(out, body.response_fields) if body.response_fields else out
+
+
+async def _fill(
+    body: InfillBody, request: Request, spec: Infill, params: SamplingParams
+) -> dict[str, Any]:
+    """One completion of the fill, in llama-server's shape. The answer ends early, as
+    llama-server's does, at a line indented less than `n_indent` and, once
+    `t_max_predict_ms` has passed since the first token, at the next newline (the
+    engine's `newline_deadline_s`, reported as stop type "limit")."""
+    t0 = time.perf_counter()
+    req = EngineRequest(params, infill=spec, model=body.model, **who(request))
     stream, started = await start(request, req)
     watcher = asyncio.create_task(cancel_on_disconnect(stream, request))
-    parts: list[str] = []
+    text = ""
     final = None
-    t_first = 0.0
+    cut_short = False
     truncated = started.dropped_messages > 0  # extra chunks that did not fit
     try:
         while True:
@@ -159,25 +187,25 @@ async def infill(body: InfillBody, request: Request) -> JSONResponse:
                 break
             if chunk is None:
                 continue
-            parts.append(chunk.text)
             if chunk.finish_reason is not None:
                 final = chunk
+                if not cut_short:
+                    text += chunk.text
                 continue
-            t_first = t_first or time.perf_counter()
-            text = "".join(parts)
+            if cut_short:
+                continue  # already queued when the answer was cut: not part of it
+            text += chunk.text
             cut = _ended_line(text, body.n_indent) if body.n_indent else None
-            late = body.t_max_predict_ms is not None and "\n" in text
-            late = late and (time.perf_counter() - t_first) * 1000 > (body.t_max_predict_ms or 0)
-            if cut is not None or late:
-                parts = [text[:cut] if cut is not None else text]
-                truncated = True
+            if cut is not None:
+                text = text[:cut]
+                cut_short = True
                 stream.cancel()
     finally:
         watcher.cancel()
         stream.cancel()
     assert final is not None
     stats = final.stats
-    content = "".join(parts) if body.n_predict != 0 else ""
+    content = text if body.n_predict != 0 else ""
     predicted = stats.generated_tokens if stats else 0
     prompt_n = (stats.prompt_tokens - stats.cached_tokens) if stats else 0
     prompt_ms = (stats.ttft_s * 1000) if stats else 0.0
@@ -185,18 +213,18 @@ async def infill(body: InfillBody, request: Request) -> JSONResponse:
     stop_type = {"length": "limit", "stop": "eos"}.get(str(final.finish_reason), "word")
     if final.stop_sequence is not None:
         stop_type = "word"
-    out: dict[str, Any] = {
+    return {
         "index": 0,
         "content": content,
         "tokens": [],
-        "id_slot": body.id_slot if body.id_slot is not None else -1,
+        "id_slot": -1,
         "stop": True,
         "model": started.model,
         "tokens_predicted": predicted,
         "tokens_evaluated": stats.prompt_tokens if stats else 0,
         "tokens_cached": stats.cached_tokens if stats else 0,
         "truncated": truncated,
-        "stop_type": "limit" if truncated else stop_type,
+        "stop_type": "limit" if cut_short else stop_type,
         "stopping_word": final.stop_sequence or "",
         "timings": {
             "prompt_n": prompt_n,
@@ -209,9 +237,6 @@ async def infill(body: InfillBody, request: Request) -> JSONResponse:
             "predicted_per_second": predicted / predicted_ms * 1000 if predicted_ms > 0 else 0.0,
         },
     }
-    if body.response_fields:
-        return JSONResponse(flatten(out, body.response_fields))
-    return JSONResponse(out)
 
 
 @router.post("/tokenize")

@@ -55,7 +55,8 @@ router = APIRouter()
 
 # The Ollama version /api/version reports: clients gate features on it (VS Code Copilot
 # refuses anything below 0.6.4). localllm's own version is reported beside it.
-OLLAMA_VERSION = "0.12.0"
+# what Ollama clients check: Codex CLI --oss refuses one older than 0.13.4
+OLLAMA_VERSION = "0.13.5"
 
 
 # -- model descriptions -------------------------------------------------------------
@@ -208,8 +209,9 @@ async def _load_only(request: Request, body: _Common, chat: bool) -> JSONRespons
 # -- routes -------------------------------------------------------------------------
 
 
-@router.get("/", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
 async def root() -> PlainTextResponse:
+    """Ollama's and llama-server's liveness answer (Claude Code sends HEAD / first)."""
     return PlainTextResponse("Ollama is running")
 
 

@@ -13,13 +13,16 @@ from localllm.backends.base import Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec, new_call_id
 from localllm.engine import grammar
 from localllm.errors import InvalidRequest
-from localllm.server import wire
+from localllm.server import tolerance, wire
 from localllm.server.serving import who
 
 
 class Options(wire.Wire):
-    """Ollama's `options`: the sampling ones localllm honours. Others (mirostat, num_gpu,
-    ...) are a 400 naming them, as every unknown field is."""
+    """Ollama's `options`: the sampling ones localllm honours; the runtime hints clients
+    send (num_thread, num_gpu, use_mmap, ...: server/tolerance.py) are accepted and
+    ignored; others (mirostat, ...) are a 400 naming them, as every unknown field is."""
+
+    IGNORED = tolerance.names(tolerance.OLLAMA_OPTIONS)
 
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)

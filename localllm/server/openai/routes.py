@@ -40,11 +40,14 @@ async def _respond(
         }
     if started.fallback_from is not None:
         out.fallback = fallback_field(started)
+    blank = body.prompt_only()  # llama-server's n_predict 0: the prompt is read, no answer
     if not body.stream:
-        return JSONResponse(shapes.whole(out, await collect(stream, request)))
+        whole = await collect(stream, request)
+        return JSONResponse(shapes.whole(out, Delta(final=whole.final) if blank else whole))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
     def encode(delta: Delta) -> list[bytes]:
+        delta = Delta(final=delta.final) if blank else delta
         return [sse(f) for f in shapes.frames(out, delta, include_usage=include_usage)]
 
     frames = paced(

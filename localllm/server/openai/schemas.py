@@ -11,6 +11,7 @@ from localllm.backends.base import Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.engine import grammar
 from localllm.errors import InvalidRequest
+from localllm.server import samplers, tolerance
 from localllm.server.wire import (
     FUNCTION_NAME,
     MAX_STOP_STRINGS,
@@ -113,6 +114,8 @@ class StreamOptions(Wire):
 
 
 class SamplingFields(Wire):
+    IGNORED = tolerance.names(tolerance.OPENAI)
+
     model: Name | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -128,14 +131,14 @@ class SamplingFields(Wire):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    user: Text | None = None  # an end user's id, for the caller's own records: not used
-    # OpenAI's hints for its own routing, caching and records; nothing to do here (the
-    # prompt cache keys by prefix on its own), so accepted rather than refused
-    safety_identifier: Text | None = None
-    prompt_cache_key: Text | None = None
     service_tier: Literal["auto", "default"] | None = None
-    metadata: dict[str, Text] | None = None
     store: bool | None = None
+    # llama-server's own fields, as llama.vim and llama.vscode send them on these routes:
+    # n_predict is max_tokens (0: read the prompt only, to warm the cache), samplers picks
+    # the filters that run, t_max_predict_ms ends the answer at a newline once it is spent
+    n_predict: int | None = Field(default=None, ge=-1)
+    samplers: list[str] | None = None
+    t_max_predict_ms: int | None = Field(default=None, ge=0)
     # extension: how long an on-demand model stays loaded after this request, like
     # Ollama's keep_alive: seconds, or a duration "30s" / "5m" / "1h"; negative: forever
     keep_alive: KeepAlive = None
@@ -189,7 +192,17 @@ class SamplingFields(Wire):
         return v
 
     def token_limit(self) -> int | None:
-        return self.max_tokens
+        return self.max_tokens or self.predict_limit()
+
+    def predict_limit(self) -> int | None:
+        """llama-server's n_predict as a token limit (-1: none; 0 reads the prompt only and
+        is served as one token whose text is dropped, see `prompt_only`)."""
+        if self.n_predict is None or self.n_predict < 0:
+            return None
+        return max(self.n_predict, 1)
+
+    def prompt_only(self) -> bool:
+        return self.n_predict == 0 and self.max_tokens is None
 
     def report_logprobs(self) -> int | None:
         """How many alternatives to report with each token's log probability (None: none)."""
@@ -200,11 +213,12 @@ class SamplingFields(Wire):
 
     def sampling(self) -> SamplingParams:
         stop = self.stop if isinstance(self.stop, list) else [self.stop] if self.stop else []
+        filters = samplers.chosen(self.samplers, self.top_k, self.top_p, self.min_p)
         return SamplingParams.asked(
             temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
+            top_p=filters.top_p,
+            top_k=filters.top_k,
+            min_p=filters.min_p,
             repeat_penalty=self.repeat_penalty,
             frequency_penalty=self.frequency_penalty,
             presence_penalty=self.presence_penalty,
@@ -214,6 +228,7 @@ class SamplingFields(Wire):
             stop=tuple(s for s in stop if s) or None,
             grammar=self.grammar(),
             logprobs=self.report_logprobs(),
+            newline_deadline_s=samplers.deadline(self.t_max_predict_ms),
         )
 
 
@@ -231,7 +246,10 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
     def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+        return self.max_completion_tokens or self.max_tokens or self.predict_limit()
+
+    def prompt_only(self) -> bool:
+        return super().prompt_only() and self.max_completion_tokens is None
 
     def report_logprobs(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -251,7 +269,9 @@ class ChatCompletionRequest(SamplingFields):
     def tool_spec(self) -> ToolSpec | None:
         """The tools and the choice among them; InvalidRequest when they disagree."""
         choice = self.tool_choice
-        parallel = self.parallel_tool_calls is not False
+        # one call unless asked for more (llama-server's default too): a small model
+        # otherwise repeats its call until max_tokens
+        parallel = self.parallel_tool_calls is True
         if isinstance(choice, NamedToolChoice):
             picked = ToolChoice("function", choice.function.name, parallel)
         else:

@@ -1,0 +1,1 @@
+"""OpenAI's Responses API: its schemas, output events, stored responses and routes."""

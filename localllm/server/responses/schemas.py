@@ -1,0 +1,303 @@
+"""OpenAI's Responses API request bodies (`POST /v1/responses`, `/v1/responses/input_tokens`)
+and how their input items map onto the engine's messages.
+
+Input items: messages (a string, or `input_text` / `output_text` parts; roles user, system,
+developer, assistant), `function_call` and `function_call_output`, and `reasoning` items a
+client sends back (accepted, not rendered: templates leave an earlier turn's thinking out).
+Tools: `function` tools are offered to the model; a hosted tool localllm cannot run
+(`web_search`, `file_search`, `code_interpreter`, ...) is left out of what the model sees,
+as the README says; any other kind is a 400 naming it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from localllm.backends.base import Message, SamplingParams, ToolCall
+from localllm.backends.tools import ToolChoice, ToolSpec
+from localllm.engine import grammar
+from localllm.errors import InvalidRequest
+from localllm.server import tolerance, wire
+
+# hosted tools: run by OpenAI's servers, none of them here
+HOSTED = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "code_interpreter",
+        "image_generation",
+        "computer_use_preview",
+        "mcp",
+        "tool_search",
+    }
+)
+
+
+class Part(wire.Wire):
+    type: Literal["input_text", "output_text", "input_image", "input_file", "refusal"]
+    text: wire.Text = ""
+    annotations: list[Any] | None = None  # output_text sent back: citations, none here
+    logprobs: list[Any] | None = None
+    refusal: wire.Text | None = None
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+
+    def plain(self) -> str:
+        if self.type in ("input_image", "input_file"):
+            raise InvalidRequest(
+                f"This model cannot read {self.type} parts; send text, or load a model "
+                "that reads images.",
+                param="input",
+                code="vision_not_supported",
+            )
+        return self.refusal or "" if self.type == "refusal" else self.text
+
+
+class MessageItem(wire.Wire):
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: wire.Text | list[Part]
+    id: str | None = None
+    status: str | None = None
+    phase: str | None = None  # Codex's commentary/final_answer mark on an assistant turn
+
+    def message(self) -> Message:
+        text = self.content if isinstance(self.content, str) else ""
+        if isinstance(self.content, list):
+            text = "".join(p.plain() for p in self.content)
+        role = "system" if self.role == "developer" else self.role
+        return Message(role, text)
+
+
+class FunctionCallItem(wire.Wire):
+    type: Literal["function_call"]
+    call_id: wire.Text
+    name: wire.Text
+    arguments: wire.Text
+    id: str | None = None
+    status: str | None = None
+    namespace: str | None = None
+
+
+class FunctionOutputItem(wire.Wire):
+    type: Literal["function_call_output"]
+    call_id: wire.Text
+    output: wire.Text | list[Part]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(p.plain() for p in self.output)
+
+
+class ReasoningItem(wire.Wire):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[Any] = Field(default_factory=list)
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+
+Item = MessageItem | FunctionCallItem | FunctionOutputItem | ReasoningItem
+
+
+def messages_of(items: list[Item]) -> list[Message]:
+    """The engine's messages for a list of input items: consecutive calls become one
+    assistant turn with several tool calls; their outputs become tool messages."""
+    out: list[Message] = []
+    names: dict[str, str] = {}
+    for item in items:
+        if isinstance(item, MessageItem):
+            out.append(item.message())
+        elif isinstance(item, FunctionCallItem):
+            names[item.call_id] = item.name
+            call = ToolCall(item.call_id, item.name, item.arguments)
+            last = out[-1] if out else None
+            if last is not None and last.role == "assistant" and last.tool_calls:
+                out[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
+            elif last is not None and last.role == "assistant" and not last.tool_calls:
+                out[-1] = Message("assistant", last.content, tool_calls=(call,))
+            else:
+                out.append(Message("assistant", "", tool_calls=(call,)))
+        elif isinstance(item, FunctionOutputItem):
+            name = names.get(item.call_id)
+            out.append(Message("tool", item.text(), tool_call_id=item.call_id, name=name))
+    return out
+
+
+class FunctionTool(wire.Wire):
+    type: Literal["function"]
+    name: str = Field(pattern=wire.FUNCTION_NAME)
+    description: wire.Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class NamespaceTool(wire.Wire):
+    type: Literal["namespace"]
+    name: str = Field(pattern=wire.FUNCTION_NAME)
+    description: wire.Text | None = None
+    tools: list[dict[str, Any]]
+
+
+class NamedChoice(wire.Wire):
+    type: Literal["function"]
+    name: str = Field(pattern=wire.FUNCTION_NAME)
+
+
+class Format(wire.Wire):
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: wire.Text | None = None
+    strict: bool | None = None
+
+
+class TextConfig(wire.Wire):
+    format: Format | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint: nothing to tune
+
+
+class Reasoning(wire.Wire):
+    """A thinking model thinks unless `effort` is "none" (its template is told
+    enable_thinking and reasoning_effort); the summary kind is accepted, and the model's
+    own thinking comes back as the reasoning item's text."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+# what `include` may ask for: encrypted reasoning (a local model's reasoning is sent in the
+# clear, in the reasoning item, so there is nothing to encrypt)
+INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+
+
+class ResponsesBody(wire.Wire):
+    IGNORED = tolerance.names(tolerance.RESPONSES)
+
+    model: wire.Name | None = None
+    input: wire.Text | list[Item] = Field(default_factory=list)
+    instructions: wire.Text | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: Reasoning | None = None
+    previous_response_id: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["disabled", "auto"] | None = None
+
+    def offered(self) -> list[tuple[FunctionTool, str | None]]:
+        """The function tools the model sees, each with the namespace it came in (Codex
+        groups some in a `namespace` tool; a call names its namespace). Hosted tools are
+        left out; any other kind is a 400 naming it."""
+        out: list[tuple[FunctionTool, str | None]] = []
+        for raw in self.tools or ():
+            kind = raw.get("type")
+            if kind in HOSTED:
+                continue
+            if kind == "namespace":
+                inner = NamespaceTool.model_validate(raw)
+                out += [
+                    (FunctionTool.model_validate(t), inner.name)
+                    for t in inner.tools
+                    if t.get("type") not in HOSTED
+                ]
+                continue
+            if kind != "function":
+                raise InvalidRequest(
+                    f"tools of type {kind!r} are not supported; localllm offers function "
+                    f"and namespace tools (and leaves out hosted ones: "
+                    f"{', '.join(sorted(HOSTED))})",
+                    param="tools",
+                )
+            out.append((FunctionTool.model_validate(raw), None))
+        return out
+
+    def namespaces(self) -> dict[str, str]:
+        """Each namespaced function's namespace, by the function's name."""
+        return {tool.name: space for tool, space in self.offered() if space is not None}
+
+    def tool_spec(self) -> ToolSpec | None:
+        """The function tools offered (hosted ones left out) and the choice among them."""
+        functions = [
+            tool.model_dump(exclude_none=True, exclude={"type"}) for tool, _ in self.offered()
+        ]
+        choice = self.tool_choice
+        parallel = self.parallel_tool_calls is True
+        if isinstance(choice, NamedChoice):
+            picked = ToolChoice("function", choice.name, parallel)
+        else:
+            picked = ToolChoice(choice or "auto", None, parallel)
+        if not functions and picked.mode == "auto":
+            return None
+        return wire.tool_spec(functions, picked)
+
+    def template_vars(self) -> dict[str, Any] | None:
+        if self.reasoning is None or self.reasoning.effort is None:
+            return None
+        effort = self.reasoning.effort
+        return {"enable_thinking": effort != "none", "reasoning_effort": effort}
+
+    def grammar(self) -> str | None:
+        fmt = self.text.format if self.text else None
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return grammar.any_json_object()
+        return grammar.from_json_schema(fmt.schema_ or {"type": "object"})
+
+    def check_include(self) -> None:
+        unknown = sorted(set(self.include or ()) - INCLUDABLE)
+        if unknown:
+            raise InvalidRequest(
+                f"include {unknown[0]!r} is not supported (supported: "
+                f"{', '.join(sorted(INCLUDABLE))})",
+                param="include",
+            )
+
+    def items(self) -> list[Item]:
+        if isinstance(self.input, str):
+            return [MessageItem(role="user", content=self.input)]
+        return list(self.input)
+
+
+class CreateBody(ResponsesBody):
+    stream: bool = False
+    store: bool = True
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    background: bool = False  # true (answer later, poll for it) is not offered: a 400
+    service_tier: Literal["auto", "default"] | None = None
+    # extension: how long an on-demand model stays loaded after this request
+    keep_alive: wire.KeepAlive = None
+
+    @field_validator("background")
+    @classmethod
+    def _no_background(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("background responses are not supported; leave background unset")
+        return v
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams.asked(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_output_tokens,
+            grammar=self.grammar(),
+        )
+
+
+def dumped(items: list[Item]) -> list[dict[str, Any]]:
+    """Input items as JSON (stored with a response, listed by /input_items)."""
+    return [json.loads(i.model_dump_json(by_alias=True, exclude_none=True)) for i in items]
