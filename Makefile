@@ -26,8 +26,10 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# two pytest-xdist workers, a test file each at a time (a file's servers stay with it)
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # the tests about control flow: no model, no process (under a minute here)
 test-fast: $(STAMP)

@@ -20,7 +20,10 @@ from localllm.config import Settings
 from localllm.models.starter import starter_path
 from localllm.models.store import ModelStore
 
-THREADS = 2
+# llama.cpp's threads per model: the machine's two cores, or one each when pytest-xdist
+# runs two workers side by side (two models spinning two threads each on two cores wait
+# on each other)
+THREADS = 1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 2
 F = TypeVar("F", bound=Callable[..., Any])
 
 # -- test tiers ----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.conftest import ServerProcess
+from tests.conftest import THREADS, ServerProcess
 
 _LAUNCH = (
     "import runpy\n"
@@ -27,7 +27,7 @@ class LlamaCppServer(ServerProcess):
     log_prefix = "llama-cpp-server"
 
     def __init__(self, tmp: Path, model: Path, alias: str, *, n_ctx: int = 2048,
-                 port: int | None = None, threads: int = 2) -> None:
+                 port: int | None = None, threads: int = THREADS) -> None:
         self.engine_args = ["--model", str(model), "--model_alias", alias, "--n_ctx",
                             str(n_ctx), "--n_threads", str(threads), "--verbose", "false"]
         super().__init__(tmp, port=port)

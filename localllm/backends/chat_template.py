@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension
+from jinja2.filters import do_indent
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -37,6 +38,7 @@ CHATML = (
 
 RENDER_SECONDS = 5.0
 MAX_OUTPUT = 16 * 1024 * 1024  # characters of rendered prompt
+MAX_INT_BITS = 4096  # a template's integer arithmetic: far past any real template's need
 
 
 class RenderTimeout(Exception):
@@ -86,9 +88,14 @@ class _Bounded(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "**":
-            if isinstance(right, int) and isinstance(left, int) and abs(right) > 256:
-                raise TemplateError(f"{left} ** {right} is too large to compute")
+            both_ints = isinstance(right, int) and isinstance(left, int)
+            if both_ints and (abs(right) > 256 or left.bit_length() * right > MAX_INT_BITS):
+                raise TemplateError(f"a power with exponent {right} is too large to compute")
             return left**right
+        if isinstance(left, int) and isinstance(right, int):
+            if left.bit_length() + right.bit_length() > MAX_INT_BITS:
+                raise TemplateError("a product too large to compute")
+            return left * right
         for seq, times in ((left, right), (right, left)):
             sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
             if sized and len(seq) * times > MAX_OUTPUT:
@@ -96,6 +103,20 @@ class _Bounded(ImmutableSandboxedEnvironment):
                     f"a repetition of {len(seq)} items {times} times is over the {MAX_OUTPUT} limit"
                 )
         return left * right
+
+
+def _indent(text: str, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
+    """Jinja's `indent`, refusing an output over the limit before making it."""
+    pad = width if isinstance(width, str) else " " * max(0, min(int(width), MAX_OUTPUT + 1))
+    if len(text) + len(pad) * (text.count("\n") + 1) > MAX_OUTPUT:
+        raise TemplateError(f"an indent of {len(pad)} characters would pass the output limit")
+    return do_indent(text, pad, first, blank)
+
+
+def _center(text: str, width: int = 80) -> str:
+    if width > MAX_OUTPUT:
+        raise TemplateError(f"centering in {width} characters would pass the output limit")
+    return text.center(width)
 
 
 def _raise(message: str) -> NoReturn:
@@ -142,6 +163,8 @@ def _compile(source: str) -> Any:
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson
+    env.filters["indent"] = _indent
+    env.filters["center"] = _center
     return env.from_string(source)
 
 
@@ -178,7 +201,7 @@ def render(
             param="messages",
             code="template_failed",
         ) from None
-    except (TemplateError, RecursionError, MemoryError, OverflowError) as exc:
+    except (TemplateError, RecursionError, MemoryError, OverflowError, ValueError) as exc:
         raise InvalidRequest(
             f"The model's chat template failed to render: {exc}",
             param="messages",

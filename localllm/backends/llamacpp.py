@@ -54,6 +54,7 @@ from localllm.backends.llamacpp_native import (
     gpu_offload,
     has_amx,
     kv_cells,
+    load_failure,
     load_quietly,
     native,
 )
@@ -107,9 +108,7 @@ class LlamaCppModel:
             mparams.progress_callback = self._progress_cb
         model, said = load_quietly(ll, ref.path, mparams)
         if not model:
-            raise ModelLoadError(
-                str(ref.path), f"llama.cpp could not read it: {said or 'no reason given'}"
-            )
+            raise load_failure(ref.path, said)
         self._model = model
         self._vocab = ll.llama_model_get_vocab(model)
         n_ctx_train = int(ll.llama_model_n_ctx_train(model)) or DEFAULT_MAX_CTX

@@ -7,12 +7,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from localllm.backends import llama_api
 from localllm.backends.llama_api import LlamaApi
+from localllm.errors import DamagedModel, ModelLoadError
 
 _native_log = logging.getLogger("localllm.llama_cpp")
 
@@ -60,6 +62,22 @@ def load_quietly(ll: LlamaApi, path: Path, mparams: Any) -> tuple[Any, str]:
         _native_log.debug("%s", line)
     errors = [line for level, line in held if level >= logging.ERROR]
     return model, errors[0] if errors else ""
+
+
+_MACHINE_WORDS = ("alloc", "memory", "mmap", "out of", "cuda", "metal", "vulkan", "device")
+
+
+def load_failure(path: Path, said: str) -> ModelLoadError:
+    """What a failed load is: llama.cpp refusing what the file says (an architecture it
+    does not know, missing tensors or vocabulary, bad hyperparameters) is the file's
+    fault, a DamagedModel (400 to a client); running out of memory or a device failing
+    is the machine's (500)."""
+    if not said or any(w in said.lower() for w in _MACHINE_WORDS):
+        said = said or "no reason given"
+        return ModelLoadError(str(path), f"llama.cpp could not read it: {said}")
+    reason = re.sub(r"^(\w+: )+", "", said.strip())  # llama.cpp's function names
+    reason = reason.removeprefix("error loading model: ").replace(str(path), path.name)
+    return DamagedModel(str(path), f"llama.cpp cannot load it: {reason[:300]}")
 
 
 def device_name(ll: Any, n_gpu_layers: int) -> str:

@@ -16,7 +16,13 @@ from typing import NoReturn
 from localllm import __version__
 from localllm.cli.common import EXIT_USAGE, Parser, setup_logging
 from localllm.config import load_settings
-from localllm.errors import ConfigError, DamagedModel, LocalLLMError, ModelNotFound
+from localllm.errors import (
+    ConfigError,
+    DamagedModel,
+    InvalidRequest,
+    LocalLLMError,
+    ModelNotFound,
+)
 
 # the command modules (`list` and `eval` are listing.py and evaluate.py: a module named
 # like a builtin would shadow it in this package)
@@ -148,7 +154,7 @@ def _main(argv: Sequence[str] | None) -> int:
     setup_logging(settings.log_level)
     try:
         return int(args.run(settings, args))
-    except (ModelNotFound, ConfigError, DamagedModel) as exc:
+    except (ModelNotFound, ConfigError, DamagedModel, InvalidRequest) as exc:  # bad input
         sys.stderr.write(f"localllm: error: {exc.message}\n")
         return EXIT_USAGE
     except LocalLLMError as exc:

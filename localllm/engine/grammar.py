@@ -23,7 +23,7 @@ import numpy as np
 
 from localllm.backends.base import Decoding
 from localllm.backends.tools import JSON_OPTIONS, TOOL_OPTIONS, closed
-from localllm.errors import InvalidRequest, LocalLLMError
+from localllm.errors import InvalidRequest
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +121,20 @@ class Constraint:
                 f"The schema or grammar is not supported: {self._matcher.get_error()}",
                 param="response_format",
             )
+        # the first token's mask, here: a schema that admits no value at all (a $ref
+        # that only refers to itself) is the request's fault, said before it starts
+        self._first: bytes | None = self._matcher.compute_bitmask()
+        if self._matcher.is_error() or self._matcher.is_stopped():
+            raise InvalidRequest(
+                "The JSON schema or grammar admits no value at all (is there a $ref that "
+                "only refers to itself?); check response_format and the tools' schemas.",
+                param="response_format",
+            )
 
     def allowed(self) -> np.ndarray:
         """A bool per token id: may it come next?"""
-        bits = np.frombuffer(self._matcher.compute_bitmask(), dtype=np.uint8)
+        first, self._first = self._first, None
+        bits = np.frombuffer(first or self._matcher.compute_bitmask(), dtype=np.uint8)
         allowed = np.unpackbits(bits, bitorder="little")[: self._n_vocab].view(np.bool_)
         self._raise_on_error()
         return allowed
@@ -140,4 +150,12 @@ class Constraint:
 
     def _raise_on_error(self) -> None:
         if self._matcher.is_error():
-            raise LocalLLMError(f"constrained decoding failed: {self._matcher.get_error()}")
+            # llguidance gives up on a grammar that grows without end (an object that
+            # must contain itself); its message goes on with its whole internal state
+            first = self._matcher.get_error().strip().splitlines()[0][:200]
+            raise InvalidRequest(
+                f"Decoding under the JSON schema or grammar failed ({first}); a schema "
+                "that must contain itself admits no value: check response_format and the "
+                "tools' schemas.",
+                param="response_format",
+            )

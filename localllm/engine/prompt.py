@@ -5,6 +5,7 @@ request): a tokenizer thread calls them before the worker admits the request."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Sequence
@@ -111,6 +112,12 @@ def end_markers(request: Request, template: str | None) -> tuple[str, ...]:
     model files list them as stops); none for raw prompts, which may well contain them."""
     if request.messages is None or not template:
         return ()
+    return _markers_in(template)
+
+
+@functools.lru_cache(maxsize=32)
+def _markers_in(template: str) -> tuple[str, ...]:
+    # read once per template (a resident model's is the same string object every time)
     return tuple(m for m in TURN_MARKERS if m in template)
 
 

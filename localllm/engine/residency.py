@@ -42,7 +42,7 @@ from localllm.errors import (
 )
 from localllm.models import fit
 from localllm.models.sampling import Recommended, recommended
-from localllm.models.store import ModelStore, looks_like_path
+from localllm.models.store import ModelStore
 
 log = logging.getLogger(__name__)
 
@@ -381,14 +381,9 @@ class Residency(Planner):
                 code="unsupported_for_remote",
             )
         for res in list(self.resident.values()):
-            if request.model in (res.ref.name, str(res.ref.path)):
+            by_path = request.allow_paths and request.model == str(res.ref.path)
+            if request.model == res.ref.name or by_path:
                 return res.ref  # a loaded model, whatever the store would make of its name
-        if not request.allow_paths and looks_like_path(request.model):
-            # said the same whether or not the path exists: nothing about the disk leaks
-            raise InvalidRequest(
-                "Model paths are not accepted over the API; name a model from "
-                "`localllm list`, or set allow_model_paths = true in the server's config.",
-                param="model",
-                code="model_path_not_allowed",
-            )
-        return self.store.resolve(request.model, paths=request.allow_paths)
+        return self.store.resolve_for_request(
+            request.model, allow_paths=request.allow_paths, param="model"
+        )

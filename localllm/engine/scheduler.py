@@ -218,12 +218,8 @@ class Scheduler:
             self.waiting.pop(i)
             try:
                 self._start(job, free)
-            except LocalLLMError as exc:
-                self._ended.append((job, exc))
-                continue
-            except Exception as exc:  # a bug: this request fails, the others go on
-                log.exception("could not start a request")
-                self._ended.append((job, LocalLLMError(f"internal error: {exc}")))
+            except Exception as exc:  # this request fails, the others go on
+                self._ended.append((job, _failure(exc, "could not start a request")))
                 continue
             if deterministic:
                 return
@@ -276,22 +272,24 @@ class Scheduler:
         try:
             self.model.step(work)
         except Exception as exc:  # the sequences in the batch end; the others go on
-            if not isinstance(exc, LocalLLMError):
-                log.exception("a batched step failed")
-                exc = LocalLLMError(f"internal error: {exc}")
+            error = _failure(exc, "a batched step failed")
             for w in work:
                 self.model.seq_keep(w.seq, 0)  # what the failed step wrote is unknown
-                self._drop(self.active[w.seq], exc)
+                self._drop(self.active[w.seq], error)
             return
         seconds = time.perf_counter() - t
         for w, draft in zip(work, plans, strict=True):
             r = self.active[w.seq]
-            if r.prefilling:
-                r.done += len(w.tokens)
-                if w.logits:
-                    self._sampled(r, self._pick(r, 0), 0)
-            else:
-                self._verified(r, draft, seconds, alone=len(work) == 1)
+            try:
+                if r.prefilling:
+                    r.done += len(w.tokens)
+                    if w.logits:
+                        self._sampled(r, self._pick(r, 0), 0)
+                else:
+                    self._verified(r, draft, seconds, alone=len(work) == 1)
+            except Exception as exc:  # its grammar gave up, say: it ends, the others go on
+                if self.active.get(w.seq) is r:
+                    self._drop(r, _failure(exc, "sampling failed"))
 
     def _plan(self) -> tuple[list[SeqWork], list[list[int]]]:
         """The batch: each decoding sequence's token (and drafts, when it is alone), then
@@ -424,6 +422,15 @@ class Scheduler:
         self.active.pop(r.seq, None)
         self._last_used[r.seq] = time.monotonic()
         self.model.free_sampler(r.sampler)
+
+
+def _failure(exc: Exception, what: str) -> LocalLLMError:
+    """What a request that failed is told: our own errors as they are; anything else is
+    a bug, logged, and an internal error."""
+    if isinstance(exc, LocalLLMError):
+        return exc
+    log.exception(what)
+    return LocalLLMError(f"internal error: {exc}")
 
 
 def _interactive(request: Request) -> bool:

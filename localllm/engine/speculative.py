@@ -351,7 +351,10 @@ class Speculation:
         if kind == "lookup":
             tuner = Tuner(n_start=4, n_max=8, label=label, alpha_prior=alpha, evidence=evidence)
             return ExactOnly(PromptLookup(tuner), model)
-        draft, draft_ref = self._draft_model(ref, model, str(draft_name))
+        # a request's own draft_model is held to the server's rule on paths; the
+        # server's configured one is its owner's choice
+        allow_paths = request.draft_model is None or bool(request.allow_paths)
+        draft, draft_ref = self._draft_model(ref, model, str(draft_name), allow_paths)
         ratio = draft_ref.size_bytes / ref.size_bytes if ref.size_bytes else 0.5
         tuner = Tuner(
             n_start=3, n_max=6, label=label, draft_cost=ratio, alpha_prior=alpha, evidence=evidence
@@ -359,9 +362,11 @@ class Speculation:
         return ExactOnly(ModelDraft(tuner, draft.draft_greedy), model)
 
     def _draft_model(
-        self, ref: ModelRef, target: LoadedModel, name: str
+        self, ref: ModelRef, target: LoadedModel, name: str, allow_paths: bool
     ) -> tuple[LoadedModel, ModelRef]:
-        draft_ref = self.store.resolve(name)
+        draft_ref = self.store.resolve_for_request(
+            name, allow_paths=allow_paths, param="draft_model"
+        )
         key = (str(ref.path), str(draft_ref.path))
         if key in self._drafts:
             return self._drafts[key], draft_ref

@@ -178,6 +178,8 @@ def _parse(data: memoryview) -> tuple[dict[str, Any], list[_Tensor], int]:
     for _ in range(n_tensors):
         name = h.string()
         n_dims = h.take("<I")
+        if n_dims > MAX_DIMS:
+            raise ValueError(f"tensor {name[:80]!r} has {n_dims:,} dimensions (at most {MAX_DIMS})")
         dims = [h.take("<Q") for _ in range(n_dims)]
         count = 1
         for d in dims:
@@ -226,6 +228,7 @@ def _kind(value: Any) -> str:
 
 _KIND_NAMES = {int: "an integer", str: "a string", list: "a list", float: "a number"}
 MAX_CTX = 2**31 - 1
+MAX_DIMS = 4  # ggml's tensors have at most four dimensions
 
 
 def _type_name(ttype: int) -> str:
@@ -280,10 +283,10 @@ def _fim_ids(fields: dict[str, Any], tokens: list[str]) -> tuple[int, int, int] 
 
 
 def read_gguf(path: Path) -> GGUFMeta:
-    """Parse the header of a GGUF file; raise ModelLoadError when it is not a valid GGUF."""
+    """Parse the header of a GGUF file; raise DamagedModel when it is not a valid GGUF."""
     path = Path(path)
     if not is_gguf(path):
-        raise ModelLoadError(str(path), "not a GGUF file (the first 4 bytes are not 'GGUF')")
+        raise DamagedModel(str(path), "not a GGUF file (the first 4 bytes are not 'GGUF')")
     try:
         with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)

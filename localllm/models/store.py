@@ -261,6 +261,19 @@ class ModelStore:
             return ModelRef(path.name, path.resolve(), "mlx", "path", dir_size(path))
         return self._named(name, path_like=path_like)
 
+    def resolve_for_request(self, name: str, *, allow_paths: bool, param: str) -> ModelRef:
+        """A model named in a request field (model, draft_model, ...): the store's names
+        only unless the server allows paths; a path is refused in the same words whether
+        or not it exists, so nothing about the disk leaks."""
+        if not allow_paths and (looks_like_path(name) or ("/" in name and Path(name).suffix)):
+            raise InvalidRequest(
+                "Model paths are not accepted over the API; name a model from "
+                "`localllm list`, or set allow_model_paths = true in the server's config.",
+                param=param,
+                code="model_path_not_allowed",
+            )
+        return self.resolve(name, paths=allow_paths)
+
     def _named(self, name: str, *, path_like: bool) -> ModelRef:
         models = self.models()
         for ref in models:

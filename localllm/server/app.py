@@ -139,6 +139,7 @@ def create_app(
     app.add_middleware(
         CORSMiddleware,
         allow_origin_regex=origin_pattern(settings.allowed_origins),
+        allow_private_network=True,  # only ever said to an allowed origin
         allow_methods=["GET", "POST", "DELETE", "OPTIONS"],
         allow_headers=["*"],
         expose_headers=["X-Request-Id", "Retry-After"],
@@ -157,3 +158,11 @@ def create_app(
         json_paths=posts,
     )
     return app
+
+
+def close_app(app: FastAPI) -> None:
+    """Close what the app opened on first use (the Responses API's SQLite store)."""
+    store = getattr(app.state, "responses", None)
+    if store is not None:
+        store.close()
+        app.state.responses = None

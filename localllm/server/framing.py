@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -48,7 +48,7 @@ async def paced(
     head: Iterable[bytes] = (),
     tail: Iterable[bytes] = (),
     clock: Callable[[], float] = time.monotonic,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """`head`, then the frames `encode` makes of each delta, then `tail` (also after an
     error frame). An `encode` that has nothing to say for a delta returns no frames."""
     last_sent = float("-inf")

@@ -9,11 +9,14 @@ counted in the metrics.
 Why each check:
 - A DNS-rebinding page makes the browser send `Host: attacker.example` to 127.0.0.1.
   Rebinding needs a name, so IP literals pass, and so do loopback names, this
-  machine's name, the bound address and the names in `allowed_hosts`.
+  machine's name, the bound address and the names in `allowed_hosts`. The header is
+  parsed as a URL authority: userinfo, stray text after `]` or a bad port is a 403.
 - A browser sends `Origin` on every cross-site request; other clients send none. An
   origin is allowed when it is loopback, an IDE webview (`vscode-webview://`,
-  `vscode-file://`), or listed in `allowed_origins`. CORS headers and preflights are
-  Starlette's CORSMiddleware, given the same policy.
+  `vscode-file://`), or listed in `allowed_origins`, scheme and host compared without
+  regard to case. CORS headers and preflights are Starlette's CORSMiddleware, given
+  the same policy; an allowed origin's Private Network Access preflight (a public page
+  asking to reach this loopback server) is answered yes.
 - A form or `text/plain` POST is a "simple" request a page can send without a
   preflight: POSTs must say `application/json`, so none of those starts a generation.
   A POST with no Content-Type at all is taken as JSON when it bears no browser's signs
@@ -46,7 +49,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = ("/health",)  # served without a key
 _LOOPBACK_NAMES = ("localhost",)
-_LOCAL_SUFFIXES = (".localhost", ".local", ".internal")
+# Only `.localhost` names are loopback by definition (browsers resolve them so
+# themselves). `.local` (mDNS) and `.internal` are not allowed by default: any machine
+# on the LAN can answer an mDNS query, so a rebinding page could use such a name. This
+# machine's own `NAME.local` is allowed; others go in `allowed_hosts`.
+_LOOPBACK_SUFFIX = ".localhost"
 _IDE_ORIGIN = r"(vscode-webview|vscode-file)://.*"
 _LOOPBACK_ORIGIN = r"https?://(localhost|[a-z0-9.-]+\.localhost|127(\.\d{1,3}){3}|\[::1\])(:\d+)?"
 
@@ -64,15 +71,27 @@ def origin_pattern(allowed: Iterable[str]) -> str:
             parts.append(re.escape(item[:-1]) + ".*")
         elif item:
             parts.append(re.escape(item))
-    return "(" + "|".join(parts) + ")"
+    # an origin's scheme and host compare case-insensitively (CORSMiddleware too)
+    return "(?i)(" + "|".join(parts) + ")"
 
 
-def host_name(header: str) -> str:
-    """The name in a Host header, without the port or IPv6 brackets, lowercased."""
-    host = header.strip().lower()
-    if host.startswith("["):
-        return host[1 : host.find("]")] if "]" in host else host[1:]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+# host [":" port] as a URL authority has it, without userinfo: a bracketed IPv6
+# address, or a name / IPv4 address of letters, digits, '-', '_' and '.'
+_AUTHORITY = re.compile(
+    r"(?:\[(?P<v6>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::(?P<port>\d{1,5}))?"
+)
+
+
+def host_name(header: str) -> str | None:
+    """The name in a Host header, without the port or IPv6 brackets, lowercased; None
+    when the header is not a well-formed authority (`localhost:80@evil.example`,
+    `[::1]evil.example`, a port over 65535)."""
+    found = _AUTHORITY.fullmatch(header.strip().lower())
+    if found is None or (found["port"] is not None and not 0 < int(found["port"]) <= 65535):
+        return None
+    if found["v6"] is not None:
+        return found["v6"] if _is_ip(found["v6"]) else None
+    return found["name"]
 
 
 def _is_ip(name: str) -> bool:
@@ -85,15 +104,19 @@ def _is_ip(name: str) -> bool:
 
 class HostPolicy:
     def __init__(self, settings: Settings) -> None:
-        own = {settings.host.lower(), socket.gethostname().lower()}
+        machine = socket.gethostname().lower()
+        own = {settings.host.lower(), machine, machine + ".local"}
         self.names = own | set(_LOOPBACK_NAMES) | {h.lower() for h in settings.allowed_hosts}
         self.any = "*" in settings.allowed_hosts
 
     def allows(self, header: str | None) -> bool:
         if header is None or self.any:
             return True  # HTTP/1.0 without Host: no browser sends that
-        name = host_name(header).rstrip(".")
-        return name in self.names or _is_ip(name) or name.endswith(_LOCAL_SUFFIXES)
+        name = host_name(header)
+        if name is None:
+            return False
+        name = name.rstrip(".")
+        return name in self.names or _is_ip(name) or name.endswith(_LOOPBACK_SUFFIX)
 
 
 class Guard:
@@ -110,7 +133,7 @@ class Guard:
         self.app = app
         self.json_paths = frozenset(json_paths)  # routes that take a JSON body by POST
         self.hosts = HostPolicy(settings)
-        self.origins = re.compile(origin_pattern(settings.allowed_origins), re.IGNORECASE)
+        self.origins = re.compile(origin_pattern(settings.allowed_origins))
         self.accounting = accounting
         self.on_done = on_done
 

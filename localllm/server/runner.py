@@ -9,6 +9,7 @@ import logging
 import math
 import socket
 import threading
+from collections.abc import Callable
 from types import FrameType
 
 import uvicorn
@@ -17,7 +18,7 @@ from localllm.config import Settings
 from localllm.engine.accounting import Accounting
 from localllm.engine.client import EngineClient
 from localllm.errors import ConfigError
-from localllm.server.app import create_app
+from localllm.server.app import close_app, create_app
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,15 @@ class QuietServer(uvicorn.Server):
     second as before), and `request_exit` (from any thread) or a signal wakes it at once.
     """
 
-    def __init__(self, config: uvicorn.Config, *, idle_wake_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        *,
+        idle_wake_s: float = 1.0,
+        on_exit: Callable[[], None] | None = None,
+    ) -> None:
         super().__init__(config)
+        self.on_exit = on_exit  # after the last request: close what the app opened
         self.idle_wake_s = idle_wake_s
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
@@ -62,6 +70,13 @@ class QuietServer(uvicorn.Server):
         while not await self.on_tick(0):  # tick 0: refresh the Date header, then check
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.idle_wake_s)
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().serve(sockets)
+        finally:
+            if self.on_exit is not None:
+                self.on_exit()
 
     def request_exit(self) -> None:
         """Stop serving (safe from any thread and from a signal handler)."""
@@ -102,14 +117,15 @@ def check_exposure(settings: Settings, accounting: Accounting) -> None:
 def make_server(settings: Settings, engine: EngineClient, accounting: Accounting) -> QuietServer:
     """The endpoint's server. On SIGTERM or Ctrl-C it stops taking requests and gives the
     running ones `drain_s` seconds to finish; then it cancels them."""
+    app = create_app(settings, engine, accounting)
     config = uvicorn.Config(
-        create_app(settings, engine, accounting),
+        app,
         log_level=settings.log_level,
         access_log=False,  # localllm.access writes one JSON line per request instead
         lifespan="off",
         timeout_graceful_shutdown=max(1, math.ceil(settings.drain_s)),
     )
-    return QuietServer(config)
+    return QuietServer(config, on_exit=lambda: close_app(app))
 
 
 class BackgroundEndpoint:

@@ -6,6 +6,7 @@ in the shape the client parses, is."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -24,14 +25,17 @@ FIM_KEYS = {
 }
 
 
+def coder_server(tmp: Path, starter: ModelRef) -> ServerProcess:
+    path = copy_with_metadata(starter.path, tmp / f"{MODEL}.gguf", FIM_KEYS)
+    return ServerProcess(tmp, "--model", str(path), "--ctx", "4096")
+
+
 @pytest.fixture(scope="session")
 @starts_process
 def clients_server(
     tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef
 ) -> Iterator[ServerProcess]:
-    tmp = tmp_path_factory.mktemp("clients")
-    path = copy_with_metadata(starter_ref.path, tmp / f"{MODEL}.gguf", FIM_KEYS)
-    srv = ServerProcess(tmp, "--model", str(path), "--ctx", "4096")
+    srv = coder_server(tmp_path_factory.mktemp("clients"), starter_ref)
     yield srv
     srv.stop()
 

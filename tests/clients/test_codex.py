@@ -13,18 +13,28 @@ by short ones of our own; the keys, headers, item and tool shapes are as recorde
 
 The events are checked with the openai SDK's own types; the hosted tool is left out of
 what the model sees and a namespaced function keeps its namespace in its call.
+
+These tests have a server of their own: a request reuses any cached prefix (only
+`deterministic` ones keep to whole aligned blocks), and a few tokens of another test's
+prompt computed in another batch round differently, enough to send the 135M model's
+greedy argument string into a loop (seen: `{"target": "cowboy"}` in 27 tokens on a fresh
+server, a string to the token limit after one other chat).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pydantic
+import pytest
 from openai.types.responses import ResponseStreamEvent
 
-from tests.clients.conftest import MODEL
+from localllm.backends.base import ModelRef
+from tests.clients.conftest import MODEL, coder_server
+from tests.conftest import ServerProcess, starts_process
 
 SESSION = "01a24385-c812-7b30-8926-51357002b67a"
 HEADERS = {
@@ -41,6 +51,16 @@ HEADERS = {
     "user-agent": "codex_exec/0.171.0 (Debian 12.0.0; x86_64) xterm (codex_exec; 0.171.0)",
     "authorization": "Bearer x",
 }
+
+
+@pytest.fixture(scope="module")
+@starts_process
+def clients_server(  # this module's own (see above); conftest's `http` talks to it
+    tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef
+) -> Iterator[ServerProcess]:
+    srv = coder_server(tmp_path_factory.mktemp("codex"), starter_ref)
+    yield srv
+    srv.stop()
 
 
 def function(name: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import ServerProcess
+from tests.hubserver import wait_for
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello."}], "temperature": 0}
 
@@ -207,14 +208,19 @@ def test_priority_and_deterministic_fields(server: ServerProcess):
 
 
 def test_health_shows_running_requests_and_their_prefill(server: ServerProcess):
-    started = threading.Event()
+    started, checked = threading.Event(), threading.Event()
 
     def hold() -> None:
+        # a long answer, left after its first line until /health was read (on a busy
+        # machine a short one could finish before /health answers), then closed
         with httpx.stream("POST", server.base + "/v1/completions", timeout=60,
-                          json={"prompt": "Once upon a time", "max_tokens": 64,
-                                "stream": True}) as r:
+                          json={"prompt": "Once upon a time", "max_tokens": 4000,
+                                # the starter's end tokens (<|endoftext|>, <|im_end|>) off
+                                "logit_bias": {"0": -100, "2": -100}, "stream": True}) as r:
             for _ in r.iter_lines():
                 started.set()
+                checked.wait(60)
+                return
 
     t = threading.Thread(target=hold)
     t.start()
@@ -226,5 +232,7 @@ def test_health_shows_running_requests_and_their_prefill(server: ServerProcess):
         assert row["model"] == "starter" and row["prompt_tokens"] > 0
         assert row["state"] in ("prefill", "decode")
     finally:
+        checked.set()
         t.join(60)
-    assert server.health()["activity"]["active"] == 0
+    # the closed stream is cancelled: the server forgets it
+    assert wait_for(lambda: server.health()["activity"]["active"] == 0, timeout=60)

@@ -7,6 +7,7 @@ and talks to it over HTTP; keys are made with the real `localllm keys` command.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -22,7 +23,15 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from localllm.models.starter import starter_path
 from tests.conftest import ServerProcess, starts_process
+
+
+class web:  # httpx's calls with a limit a busy machine meets (httpx's own is 5 s)
+    get = functools.partial(httpx.get, timeout=60)
+    post = functools.partial(httpx.post, timeout=60)
+    options = functools.partial(httpx.options, timeout=60)
+    request = functools.partial(httpx.request, timeout=60)
 
 CHAT = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 4, "temperature": 0}
 
@@ -45,7 +54,7 @@ def add_key(srv: ServerProcess, name: str, *extra: str) -> str:
 
 def post_json(url: str, body: dict) -> httpx.Response:
     """POST `body` as JSON with \\u escapes (so a lone surrogate reaches the server)."""
-    return httpx.post(url, content=json.dumps(body), headers={"Content-Type": "application/json"},
+    return web.post(url, content=json.dumps(body), headers={"Content-Type": "application/json"},
                       timeout=60)
 
 
@@ -73,35 +82,46 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
 def test_dns_rebinding_host_is_refused_on_every_route(guarded: ServerProcess):
     for method, path in (("GET", "/v1/models"), ("POST", "/v1/chat/completions"),
                          ("GET", "/health"), ("GET", "/metrics")):
-        r = httpx.request(method, guarded.base + path, json=CHAT,
+        r = web.request(method, guarded.base + path, json=CHAT,
                           headers={"Host": "attacker.example"})
         err = error_of(r, 403)
         assert err["code"] == "host_not_allowed" and "attacker.example" in err["message"]
+    # a Host that is not a well-formed authority, and LAN names any host can answer for
+    for host in (f"localhost:{guarded.port}@evil.example", "[::1]evil.example",
+                 "localhost:99999", "[::1", "evil.local", "printer.internal"):
+        err = error_of(web.get(guarded.base + "/v1/models", headers={"Host": host}), 403)
+        assert err["code"] == "host_not_allowed", host
     for host in (f"localhost:{guarded.port}", f"127.0.0.1:{guarded.port}", "llm.lan",
                  "[::1]", "10.1.2.3:80", "box.localhost"):
-        r = httpx.get(guarded.base + "/v1/models", headers={"Host": host})
+        r = web.get(guarded.base + "/v1/models", headers={"Host": host})
         assert r.status_code == 200, (host, r.text)
 
 
 def test_foreign_origin_is_refused_and_allowed_ones_get_cors(guarded: ServerProcess):
     url = guarded.base + "/v1/chat/completions"
-    err = error_of(httpx.post(url, json=CHAT, headers={"Origin": "https://evil.example"}), 403)
+    err = error_of(web.post(url, json=CHAT, headers={"Origin": "https://evil.example"}), 403)
     assert err["code"] == "origin_not_allowed" and "evil.example" in err["message"]
     preflight = {"Origin": "https://evil.example", "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "authorization, content-type"}
-    error_of(httpx.options(url, headers=preflight), 403)
+    error_of(web.options(url, headers=preflight), 403)
+    # Chrome's Private Network Access preflight: yes for an allowed origin only
+    pna = {**preflight, "Access-Control-Request-Private-Network": "true"}
+    error_of(web.options(url, headers=pna), 403)
+    r = web.options(url, headers={**pna, "Origin": "https://app.example"})
+    assert r.status_code == 200, r.text
+    assert r.headers["access-control-allow-private-network"] == "true"
     for origin in ("http://localhost:5173", "http://127.0.0.1:3000", "https://app.example",
-                   "vscode-webview://abc123"):
-        r = httpx.options(url, headers={**preflight, "Origin": origin})
+                   "vscode-webview://abc123", "HTTPS://App.Example", "http://LOCALHOST:5173"):
+        r = web.options(url, headers={**preflight, "Origin": origin})
         assert r.status_code == 200, (origin, r.text)
         assert r.headers["access-control-allow-origin"] == origin
         assert "POST" in r.headers["access-control-allow-methods"]
         assert "authorization" in r.headers["access-control-allow-headers"].lower()
-        r = httpx.post(url, json=CHAT, headers={"Origin": origin})
+        r = web.post(url, json=CHAT, headers={"Origin": origin})
         assert r.status_code == 200, (origin, r.text)
         assert r.headers["access-control-allow-origin"] == origin
     # no Origin (curl, SDKs, IDE plugins outside a webview): unaffected
-    assert httpx.post(url, json=CHAT).status_code == 200
+    assert web.post(url, json=CHAT).status_code == 200
 
 
 def test_simple_cross_site_posts_cannot_start_a_generation(guarded: ServerProcess):
@@ -109,21 +129,21 @@ def test_simple_cross_site_posts_cannot_start_a_generation(guarded: ServerProces
     body = json.dumps({"prompt": "Hi", "max_tokens": 2})
     before = guarded.health()["totals"]["requests"]
     for kind in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
-        err = error_of(httpx.post(url, content=body, headers={"Content-Type": kind}), 415)
+        err = error_of(web.post(url, content=body, headers={"Content-Type": kind}), 415)
         assert kind in err["message"] and "application/json" in err["message"]
     # no content type at all, from a browser (which always says where it fetches from)
     for signs in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "http://localhost:3000"}):
-        err = error_of(httpx.post(url, content=body, headers=signs), 415)
+        err = error_of(web.post(url, content=body, headers=signs), 415)
         assert "none" in err["message"]
     assert guarded.health()["totals"]["requests"] == before
     # ... from a program (litellm's Ollama provider, so aider): taken as JSON
-    assert httpx.post(url, content=body).status_code == 200
+    assert web.post(url, content=body).status_code == 200
 
 
 def test_request_id_is_returned_and_echoed(guarded: ServerProcess):
-    r = httpx.get(guarded.base + "/v1/models")
+    r = web.get(guarded.base + "/v1/models")
     assert len(r.headers["x-request-id"]) == 32
-    r = httpx.get(guarded.base + "/v1/models", headers={"X-Request-Id": "trace-42"})
+    r = web.get(guarded.base + "/v1/models", headers={"X-Request-Id": "trace-42"})
     assert r.headers["x-request-id"] == "trace-42"
 
 
@@ -133,13 +153,13 @@ def test_request_id_is_returned_and_echoed(guarded: ServerProcess):
 @pytest.mark.parametrize("keep_alive", [1e10, "3000000h", "1e400s", "nan", "Infinity"])
 def test_unbounded_keep_alive_is_400_and_the_engine_lives(guarded: ServerProcess, keep_alive):
     body = {**CHAT, "model": "starter", "keep_alive": keep_alive}
-    err = error_of(httpx.post(guarded.base + "/v1/chat/completions", json=body), 400)
+    err = error_of(web.post(guarded.base + "/v1/chat/completions", json=body), 400)
     assert err["param"] == "keep_alive"
     raw = '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":2,"keep_alive":Infinity}'
-    r = httpx.post(guarded.base + "/v1/chat/completions", content=raw,
+    r = web.post(guarded.base + "/v1/chat/completions", content=raw,
                    headers={"Content-Type": "application/json"})
     assert error_of(r, 400)["param"] == "keep_alive"
-    assert httpx.post(guarded.base + "/v1/chat/completions", json=CHAT).status_code == 200
+    assert web.post(guarded.base + "/v1/chat/completions", json=CHAT).status_code == 200
     assert guarded.health()["status"] == "ok"
 
 
@@ -178,21 +198,48 @@ def test_model_paths_are_refused_without_revealing_the_disk(guarded: ServerProce
     for name in (str(real), "/etc/passwd", "/no/such/file.gguf", "~nosuchuser/x.gguf",
                  "../../x.gguf"):
         body = {**CHAT, "model": name}
-        err = error_of(httpx.post(guarded.base + "/v1/chat/completions", json=body), 400)
+        err = error_of(web.post(guarded.base + "/v1/chat/completions", json=body), 400)
         assert err["param"] == "model" and err["code"] == "model_path_not_allowed"
         messages.add(err["message"])
     assert len(messages) == 1  # the same words whether the path exists or not
+    # every other field that names a model goes through the same rule: a real model file
+    # (the starter's) is refused as a draft, an embedding model, a load or an Ollama model
+    starter_file = str(starter_path())
+    sides: list[tuple[str, dict[str, object], str]] = [
+        ("/v1/chat/completions", {**CHAT, "draft_model": starter_file,
+                                  "speculate": "draft"}, "draft_model"),
+        ("/v1/chat/completions", {**CHAT, "draft_model": "some/dir/model.gguf",
+                                  "speculate": "draft"}, "draft_model"),
+        ("/v1/embeddings", {"model": starter_file, "input": "hi"}, "model"),
+        ("/admin/load", {"model": "some/dir/model.gguf"}, "model"),
+        ("/admin/load", {"model": starter_file}, "model"),
+        ("/api/chat", {"model": starter_file, "stream": False,
+                       "messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ("/v1/messages", {"model": starter_file, "max_tokens": 2,
+                          "messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ("/v1/responses", {"model": starter_file, "input": "hi"}, "model"),
+        ("/infill", {"model": starter_file, "input_prefix": "a", "input_suffix": "b"},
+         "model"),
+    ]
+    for path, side, param in sides:
+        r = web.post(guarded.base + path, json=side)
+        text = r.text
+        assert r.status_code == 400, (path, side, text)
+        assert "Model paths are not accepted over the API" in text, (path, text)
+        if path not in ("/api/chat", "/v1/messages"):  # their error shapes have no code
+            assert r.json()["error"]["code"] == "model_path_not_allowed", (path, text)
+            assert r.json()["error"]["param"] == param, (path, text)
 
 
 def test_prompts_that_cannot_fit_are_refused_before_tokenizing(guarded: ServerProcess):
     many = {"messages": [{"role": "user", "content": "x"}] * 100_000, "max_tokens": 2}
-    err = error_of(httpx.post(guarded.base + "/v1/chat/completions", json=many), 400)
+    err = error_of(web.post(guarded.base + "/v1/chat/completions", json=many), 400)
     assert err["code"] == "context_length_exceeded" and "judged from its size" in err["message"]
     # 7 MB: more bytes than the loaded context's tokens times the longest token's
     specials = {"prompt": "<|im_end|>" * 700_000, "max_tokens": 2}
-    err = error_of(httpx.post(guarded.base + "/v1/completions", json=specials), 400)
+    err = error_of(web.post(guarded.base + "/v1/completions", json=specials), 400)
     assert err["code"] == "context_length_exceeded" and "judged from its size" in err["message"]
-    models = httpx.get(guarded.base + "/v1/models").json()["data"]
+    models = web.get(guarded.base + "/v1/models").json()["data"]
     loaded = next(m["loaded_context_length"] for m in models if m["id"] == "starter")
     assert f"{loaded} tokens" in err["message"]
 
@@ -207,12 +254,12 @@ def test_a_failed_load_leaves_health_ok_and_paths_out_of_the_answer(tmp_path: Pa
     srv = ServerProcess(tmp_path)
     try:
         body = {**CHAT, "model": "broken"}
-        r = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=60)
+        r = web.post(srv.base + "/v1/chat/completions", json=body, timeout=60)
         assert r.status_code in (400, 500), r.text
         assert str(tmp_path) not in r.text
         health = srv.health()
         assert health["status"] == "ok", health
-        assert httpx.post(srv.base + "/v1/chat/completions", json=CHAT).status_code == 200
+        assert web.post(srv.base + "/v1/chat/completions", json=CHAT).status_code == 200
     finally:
         srv.stop()
 
@@ -224,35 +271,35 @@ def test_a_failed_load_leaves_health_ok_and_paths_out_of_the_answer(tmp_path: Pa
 def test_keys_guard_every_route_but_health(tmp_path: Path):
     srv = ServerProcess(tmp_path)
     try:
-        assert httpx.post(srv.base + "/v1/chat/completions", json=CHAT).status_code == 200
+        assert web.post(srv.base + "/v1/chat/completions", json=CHAT).status_code == 200
         secret = add_key(srv, "editor")
         assert secret.startswith("sk-localllm-")
         listing = localllm(srv, "keys", "list")
         assert "editor" in listing.stdout and secret not in listing.stdout
         url = srv.base + "/v1/chat/completions"
-        err = error_of(httpx.post(url, json=CHAT), 401)
+        err = error_of(web.post(url, json=CHAT), 401)
         assert "Authorization: Bearer" in err["message"] and err["code"] == "invalid_api_key"
-        error_of(httpx.post(url, json=CHAT, headers={"Authorization": "Bearer sk-nope"}), 401)
-        error_of(httpx.get(srv.base + "/metrics"), 401)
-        error_of(httpx.get(srv.base + "/v1/models"), 401)
-        assert httpx.get(srv.base + "/health").status_code == 200
+        error_of(web.post(url, json=CHAT, headers={"Authorization": "Bearer sk-nope"}), 401)
+        error_of(web.get(srv.base + "/metrics"), 401)
+        error_of(web.get(srv.base + "/v1/models"), 401)
+        assert web.get(srv.base + "/health").status_code == 200
         client = openai.OpenAI(base_url=srv.base + "/v1", api_key=secret)
         reply = client.chat.completions.create(model="starter", max_tokens=4, temperature=0,
                                                messages=[{"role": "user", "content": "Hi"}])
         assert reply.usage is not None and reply.usage.completion_tokens > 0
-        ok = httpx.post(url, json=CHAT, headers={"x-api-key": secret})  # Anthropic's header
+        ok = web.post(url, json=CHAT, headers={"x-api-key": secret})  # Anthropic's header
         assert ok.status_code == 200
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=srv.base + "/v1", api_key="sk-wrong").models.list()
         other = add_key(srv, "agent")
         assert localllm(srv, "keys", "rm", "editor").returncode == 0
-        error_of(httpx.post(url, json=CHAT, headers={"Authorization": f"Bearer {secret}"}), 401)
-        ok = httpx.post(url, json=CHAT, headers={"Authorization": f"Bearer {other}"})
+        error_of(web.post(url, json=CHAT, headers={"Authorization": f"Bearer {secret}"}), 401)
+        ok = web.post(url, json=CHAT, headers={"Authorization": f"Bearer {other}"})
         assert ok.status_code == 200
         assert localllm(srv, "keys", "rm", "editor").returncode == 2
         # with the last key gone the endpoint is open to this machine again, as before
         assert localllm(srv, "keys", "rm", "agent").returncode == 0
-        assert httpx.post(url, json=CHAT).status_code == 200
+        assert web.post(url, json=CHAT).status_code == 200
     finally:
         srv.stop()
 
@@ -266,13 +313,13 @@ def test_usage_is_counted_per_key_and_quotas_give_429(tmp_path: Path):
         url = srv.base + "/v1/completions"
         body = {"prompt": "One two three", "max_tokens": 3, "temperature": 0}
         for _ in range(2):
-            r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {fast}"})
+            r = web.post(url, json=body, headers={"Authorization": f"Bearer {fast}"})
             assert r.status_code == 200, r.text
-        r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {fast}"})
+        r = web.post(url, json=body, headers={"Authorization": f"Bearer {fast}"})
         err = error_of(r, 429)
         assert "2 requests per minute" in err["message"]
         assert 1 <= int(r.headers["retry-after"]) <= 60
-        r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {small}"})
+        r = web.post(url, json=body, headers={"Authorization": f"Bearer {small}"})
         assert r.status_code == 200  # under the limit when it starts; it uses 6+ tokens
         def counted() -> bool:  # the usage is written off the request path, after it ends
             rows = json.loads(localllm(srv, "usage", "--json").stdout)
@@ -281,7 +328,7 @@ def test_usage_is_counted_per_key_and_quotas_give_429(tmp_path: Path):
         deadline = time.monotonic() + 60
         while not counted() and time.monotonic() < deadline:
             time.sleep(0.1)
-        r = httpx.post(url, json=body, headers={"Authorization": f"Bearer {small}"})
+        r = web.post(url, json=body, headers={"Authorization": f"Bearer {small}"})
         err = error_of(r, 429)
         assert "of its 5 tokens for today" in err["message"]
         assert 1 <= int(r.headers["retry-after"]) <= 86400
@@ -297,9 +344,9 @@ def test_usage_is_counted_per_key_and_quotas_give_429(tmp_path: Path):
 
 
 def test_metrics_parse_and_count_a_request(guarded: ServerProcess):
-    r = httpx.post(guarded.base + "/v1/chat/completions", json=CHAT)
+    r = web.post(guarded.base + "/v1/chat/completions", json=CHAT)
     assert r.status_code == 200
-    text = httpx.get(guarded.base + "/metrics").text
+    text = web.get(guarded.base + "/metrics").text
     families = {f.name: f for f in text_string_to_metric_families(text)}
     requests = families["localllm_requests"]
     ok = [s for s in requests.samples if s.name == "localllm_requests_total"
@@ -320,7 +367,7 @@ def test_metrics_parse_and_count_a_request(guarded: ServerProcess):
 
 
 def test_access_log_has_one_json_line_per_request(guarded: ServerProcess):
-    r = httpx.post(guarded.base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3},
+    r = web.post(guarded.base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 3},
                    headers={"X-Request-Id": "log-check-1"})
     assert r.status_code == 200
     for _ in range(50):
@@ -429,7 +476,7 @@ def test_clients_that_leave_while_queued_cost_no_prompt_evaluation(tmp_path: Pat
 
 
 def test_openapi_describes_what_the_server_answers(guarded: ServerProcess):
-    doc = httpx.get(guarded.base + "/openapi.json").json()
+    doc = web.get(guarded.base + "/openapi.json").json()
     chat = doc["paths"]["/v1/chat/completions"]["post"]
     assert "422" not in chat["responses"]
     for status in ("400", "401", "403", "404", "413", "415", "429", "503"):

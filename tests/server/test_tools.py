@@ -13,6 +13,7 @@ import json
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -247,6 +248,33 @@ def test_refusals_name_what_is_wrong(server: ServerProcess):
     assert body_of(err)["code"] == "vision_not_supported" and "vision" in err.message
     err = refused(logit_bias={"99999999": 5})
     assert "99999999" in err.message and "vocabulary" in err.message
+
+
+def test_a_schema_that_admits_nothing_is_a_400_on_every_route(server: ServerProcess):
+    # a reference to itself and nothing else, and an object that must contain itself
+    selfish: dict[str, Any] = {"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+    endless = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+    user = [{"role": "user", "content": "Hi"}]
+    bodies = [
+        ("/v1/chat/completions", {"model": "starter", "messages": user, "max_tokens": 8,
+                                  "response_format": {"type": "json_schema", "json_schema": {
+                                      "name": "x", "schema": selfish}}}),
+        ("/v1/chat/completions", {"model": "starter", "messages": user, "max_tokens": 8,
+                                  "tool_choice": "required", "tools": [{
+                                      "type": "function", "function": {
+                                          "name": "f", "parameters": endless}}]}),
+        ("/v1/messages", {"model": "starter", "messages": user, "max_tokens": 8,
+                          "tool_choice": {"type": "any"},
+                          "tools": [{"name": "f", "input_schema": endless}]}),
+        ("/api/chat", {"model": "starter", "messages": user, "stream": False,
+                       "format": selfish}),
+    ]
+    for path, body in bodies:
+        r = httpx.post(server.base + path, json=body, timeout=120)
+        assert r.status_code == 400, (path, r.text)
+        message = r.json()["error"]
+        message = message if isinstance(message, str) else message["message"]
+        assert "admits no value" in message and "Stop:" not in message, (path, message)
 
 
 def test_tool_schemas_written_for_cloud_apis_still_work(server: ServerProcess):

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import THREADS
+
 
 def cli(*args: str, stdin: str | None = None, tmp: Path) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LOCALLLM_CONFIG": str(tmp / "none.toml"),
@@ -20,10 +22,10 @@ def cli(*args: str, stdin: str | None = None, tmp: Path) -> subprocess.Completed
 @pytest.mark.process
 def test_run_streams_an_answer(tmp_path: Path):
     r = cli("run", "Write a haiku about the sea", "--max-tokens", "12", "--temperature", "0",
-            "--threads", "2", tmp=tmp_path)
+            "--threads", str(THREADS), tmp=tmp_path)
     assert r.returncode == 0, r.stderr
     again = cli("run", "Write a haiku about the sea", "--max-tokens", "12", "--temperature",
-                "0", "--seed", "1", "--threads", "2", tmp=tmp_path)
+                "0", "--seed", "1", "--threads", str(THREADS), tmp=tmp_path)
     assert r.stdout.strip() and r.stdout == again.stdout
     assert "Traceback" not in r.stderr
 
@@ -31,7 +33,7 @@ def test_run_streams_an_answer(tmp_path: Path):
 @pytest.mark.process
 def test_run_reads_stdin_and_system(tmp_path: Path):
     r = cli("run", "-", "--system", "You are a pirate.", "--max-tokens", "8", "--stats",
-            "--threads", "2", stdin="Say hi", tmp=tmp_path)
+            "--threads", str(THREADS), stdin="Say hi", tmp=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip()
     assert "generated 8 tokens" in r.stderr or "finish: stop" in r.stderr
@@ -88,6 +90,18 @@ def test_errors_are_one_line_with_exit_code_2(tmp_path: Path, args: tuple[str, .
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert lines[0].startswith("localllm: error:") and needle in lines[0]
+
+
+@pytest.mark.process
+def test_a_bad_key_name_is_bad_input_exit_code_2(tmp_path: Path):
+    assert cli("keys", "add", "ci", tmp=tmp_path).returncode == 0
+    for name, needle in [("../x", "got '../x'"), ("", "got ''"), ("k" * 65, "1 to 64"),
+                         ("two words", "got 'two words'"), ("ci", "exists already")]:
+        r = cli("keys", "add", name, tmp=tmp_path)
+        assert r.returncode == 2, (name, r.stderr)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith("localllm: error:") and needle in line, line
+        assert r.stdout == ""  # no secret printed for a key that was not made
 
 
 @pytest.mark.process

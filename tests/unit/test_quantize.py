@@ -21,7 +21,7 @@ from localllm.engine.evaluate import heldout_text, load_for_eval, perplexity
 from localllm.errors import QuantizeFailed
 from localllm.models import quantize as q
 from localllm.models.store import ModelStore
-from tests.conftest import loads_model
+from tests.conftest import THREADS, loads_model
 
 PPL_TOKENS = 2048  # 4 windows of 512, 1024 scored tokens: enough to order the types
 
@@ -51,7 +51,7 @@ def entries(models: Path) -> list[str]:
 
 
 def test_heldout_text_is_long_enough(starter_ref: ModelRef) -> None:
-    model = load_for_eval(starter_ref, models_dir=Path("/nonexistent"), n_threads=2)
+    model = load_for_eval(starter_ref, models_dir=Path("/nonexistent"), n_threads=THREADS)
     try:
         assert len(model.tokenize(heldout_text())) >= 20_000
     finally:
@@ -78,7 +78,7 @@ def test_each_quantization_loads_answers_and_shows_its_provenance(
 def test_perplexity_orders_as_expected(shared: Path, capsys: pytest.CaptureFixture[str]) -> None:
     store, text, ppl = ModelStore(shared), heldout_text(), {}
     for name in ("starter-f16", "starter-f16-q8_0", "starter-f16-q4_0"):
-        model = load_for_eval(store.resolve(name), models_dir=shared, n_threads=2)
+        model = load_for_eval(store.resolve(name), models_dir=shared, n_threads=THREADS)
         try:
             ppl[name] = perplexity(model, text, max_tokens=PPL_TOKENS)
         finally:
@@ -88,7 +88,8 @@ def test_perplexity_orders_as_expected(shared: Path, capsys: pytest.CaptureFixtu
     assert abs(q8 / f16 - 1) < 0.01, (f16, q8)
     assert q4 > f16 and q4 > q8, (f16, q8, q4)
     # the command prints the same figure
-    assert main(["eval", "starter-f16-q4_0", "--tokens", str(PPL_TOKENS), "--threads", "2"]) == 0
+    assert main(["eval", "starter-f16-q4_0", "--tokens", str(PPL_TOKENS),
+                 "--threads", str(THREADS)]) == 0
     out = capsys.readouterr().out
     assert f"perplexity {q4:.3f} over 1,024 tokens (4 windows of 512" in out
 
@@ -97,7 +98,7 @@ def test_quantize_command_reports_size_speed_and_perplexity(
     shared: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     args = ["quantize", "starter-f16", "--to", "q4_1", "--name", "report-q4_1"]
-    assert main([*args, "--eval-tokens", "1024", "--threads", "2"]) == 0
+    assert main([*args, "--eval-tokens", "1024", "--threads", str(THREADS)]) == 0
     out = capsys.readouterr().out
     assert "starter-f16 (F16, 258.3 MiB) -> report-q4_1 (q4_1, about 93.8 MiB)" in out
     rows = {
@@ -243,16 +244,16 @@ def test_mlx_4bit_from_the_imported_starter_runs_on_mlx(
 def test_eval_on_a_given_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     text = tmp_path / "notes.txt"
     text.write_text(heldout_text()[:4000], encoding="utf-8")  # about 800 tokens: one window
-    assert main(["eval", "starter", "--file", str(text), "--threads", "2"]) == 0
+    assert main(["eval", "starter", "--file", str(text), "--threads", str(THREADS)]) == 0
     out = capsys.readouterr().out
     assert re.search(
         rf"starter \(llamacpp, Q4_1\): perplexity \d+\.\d{{3}} over 256 tokens "
         rf"\(1 window of 512, second halves scored\) of {text}",
         out,
     ), out
-    text.write_text("Too short to score.", encoding="utf-8")
-    assert main(["eval", "starter", "--file", str(text)]) == 1
+    text.write_text("Too short to score.", encoding="utf-8")  # bad input: exit code 2
+    assert main(["eval", "starter", "--file", str(text)]) == 2
     err = capsys.readouterr().err
     assert "perplexity needs at least one window of 512 tokens; the text gives 5" in err
-    assert main(["eval", "starter", "--file", str(tmp_path / "missing.txt")]) == 1
+    assert main(["eval", "starter", "--file", str(tmp_path / "missing.txt")]) == 2
     assert f"cannot read {tmp_path / 'missing.txt'} as UTF-8 text" in capsys.readouterr().err

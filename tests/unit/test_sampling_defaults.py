@@ -15,6 +15,7 @@ from localllm.engine.request import Request
 from localllm.models.gguf import read_meta
 from localllm.models.sampling import STARTER_SAMPLING, recommended
 from localllm.models.store import ModelStore
+from tests.conftest import THREADS
 from tests.gguf_fixtures import copy_with_metadata
 
 RECOMMENDED = {"general.sampling.temp": 0.25, "general.sampling.top_k": 20,
@@ -59,7 +60,7 @@ def test_a_request_s_own_values_win():
 
 def test_the_engine_applies_them(starter_ref: ModelRef, tmp_path: Path):
     ref = staged(starter_ref, tmp_path)
-    settings = Settings(n_threads=2, n_ctx=512, data_dir=tmp_path / "d",
+    settings = Settings(n_threads=THREADS, n_ctx=512, data_dir=tmp_path / "d",
                         cache_dir=tmp_path / "c")
     engine = Engine(settings, ModelStore(settings.models_dir, hf_cache=tmp_path / "hf"))
     seen: list[SamplingParams] = []

@@ -44,6 +44,34 @@ def test_one_huge_operation_is_refused(expr: str):
     assert "too large" in err.value.message or "over the" in err.value.message
 
 
+@pytest.mark.parametrize("template", [
+    "{% set x = 9 ** 256 %}{{ x ** 256 }}",  # each power small, the chain enormous
+    "{% set ns = namespace(v=9 ** 256) %}{% for i in range(64) %}"
+    "{% set ns.v = ns.v * ns.v %}{% endfor %}{{ ns.v }}",
+    "{{ '%d' % (9 ** 250 * 9 ** 250 * 9 ** 250 * 9 ** 250 * 9 ** 250 * 9 ** 250) }}",
+])
+def test_integers_that_grow_without_bound_are_refused(template: str):
+    # before: Python's "Exceeds the limit (4300 digits)" as a 500, or minutes of work
+    with pytest.raises(InvalidRequest) as err:
+        render(template)
+    assert "too large" in err.value.message and err.value.code == "template_failed"
+    assert "4300" not in err.value.message
+
+
+@pytest.mark.parametrize("template", ["{{ ('x\n' * 100000) | indent(1000) }}",
+                                      "{{ ('x\n' * 1000) | indent(' ' * 100000) }}",
+                                      "{{ 'x' | center(100000000) }}"])
+def test_padding_filters_are_bounded_before_they_allocate(template: str):
+    with pytest.raises(InvalidRequest) as err:
+        render(template)
+    assert "output limit" in err.value.message
+
+
+def test_the_padding_filters_still_work():
+    assert render("{{ 'a\nb' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}|"
+                  "{{ 'ab' | center(6) }}") == "a\n  b|  a\n  b|  ab  "
+
+
 def test_a_template_stopped_on_one_thread_leaves_others_alone(monkeypatch):
     monkeypatch.setattr(chat_template, "RENDER_SECONDS", 0.3)
     results: list[str] = []

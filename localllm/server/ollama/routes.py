@@ -39,7 +39,7 @@ from localllm.models.gguf import ModelMeta
 from localllm.models.sampling import recommended
 from localllm.server.errors import stream_error
 from localllm.server.framing import ndjson, paced, streaming
-from localllm.server.model_facts import capabilities, meta_of
+from localllm.server.model_facts import capabilities, damage_of, meta_of
 from localllm.server.ollama.schemas import (
     ChatBody,
     GenerateBody,
@@ -87,6 +87,22 @@ def details(meta: ModelMeta, fmt: str) -> dict[str, Any]:
 
 
 def _tag(ref: ModelRef) -> dict[str, Any]:
+    damage = damage_of(ref)
+    if damage is not None:  # listed, marked, so the others still show
+        return {
+            "name": ref.name,
+            "model": ref.name,
+            "modified_at": _modified(ref),
+            "size": ref.size_bytes,
+            "digest": _digest(ref),
+            "details": {
+                "format": ref.format,
+                "family": "",
+                "parameter_size": "",
+                "quantization_level": "",
+            },
+            "damaged": damage,
+        }
     meta = meta_of(ref)
     return {
         "name": ref.name,

@@ -12,10 +12,9 @@ from localllm.engine.client import EngineClient
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
 from localllm.engine.request import Started
-from localllm.errors import LocalLLMError
 from localllm.server.errors import stream_error
 from localllm.server.framing import SSE_DONE, paced, sse, streaming
-from localllm.server.model_facts import capabilities, meta_of
+from localllm.server.model_facts import capabilities, damage_of, meta_of
 from localllm.server.openai import shapes
 from localllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from localllm.server.serving import collect, engine_of, interval, start, who
@@ -144,11 +143,11 @@ def _model_rows(engine: EngineClient) -> dict[str, Any]:
             continue
         seen.add(ref.name)
         row = {"id": ref.name, "object": "model", "created": created, "owned_by": "local"}
-        try:
-            meta = meta_of(ref)
-        except (LocalLLMError, OSError):
-            rows.append(row)
+        damage = damage_of(ref)
+        if damage is not None:  # listed, marked, so the others still show
+            rows.append({**row, "damaged": damage})
             continue
+        meta = meta_of(ref)
         now = loaded.get(ref.name)
         row["context_length"] = meta.n_ctx_train
         row["loaded_context_length"] = now["n_ctx"] if now else None

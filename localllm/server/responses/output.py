@@ -109,10 +109,10 @@ class Answer:
         out: list[dict[str, Any]] = []
         if delta.reasoning:
             out += self._switch("reasoning")
-            out += self._grow("response.reasoning_text.delta", "reasoning_text", delta.reasoning)
+            out += self._grow("response.reasoning_text.delta", delta.reasoning)
         if delta.text:
             out += self._switch("message")
-            out += self._grow("response.output_text.delta", "output_text", delta.text)
+            out += self._grow("response.output_text.delta", delta.text)
         if delta.final is None:
             return out
         if not self.output and self._open is None and not delta.tool_calls:
@@ -215,7 +215,7 @@ class Answer:
             )
         return out
 
-    def _grow(self, kind: str, _part: str, text: str) -> list[dict[str, Any]]:
+    def _grow(self, kind: str, text: str) -> list[dict[str, Any]]:
         item = self._open
         assert item is not None
         item["content"][0]["text"] += text

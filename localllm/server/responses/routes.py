@@ -12,6 +12,8 @@ reads only what is new (`usage.input_tokens_details.cached_tokens`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pydantic
@@ -28,6 +30,7 @@ from localllm.server.responses.output import Answer, item_id
 from localllm.server.responses.schemas import (
     CreateBody,
     Item,
+    NamedChoice,
     ResponsesBody,
     dumped,
     messages_of,
@@ -53,6 +56,8 @@ class ResponseNotFound(LocalLLMError):
 
 
 def store_of(request: Request) -> ResponseStore:
+    """The app's store, opened on first use (so an app that never sees the Responses API
+    writes no file); the server closes it when it stops (server/runner.py)."""
     state = request.app.state
     if getattr(state, "responses", None) is None:
         state.responses = ResponseStore(settings_of(request).data_dir / "responses.db")
@@ -99,9 +104,14 @@ def _engine_request(
     )
 
 
+def _choice_echo(choice: NamedChoice | str | None) -> dict[str, Any] | str:
+    if isinstance(choice, NamedChoice):
+        return choice.model_dump()
+    return choice or "auto"
+
+
 def _echo(body: CreateBody, spec_tools: list[dict[str, Any]]) -> dict[str, Any]:
     fmt = body.text.format if body.text and body.text.format else None
-    choice = body.tool_choice
     return {
         "instructions": body.instructions,
         "max_output_tokens": body.max_output_tokens,
@@ -114,9 +124,7 @@ def _echo(body: CreateBody, spec_tools: list[dict[str, Any]]) -> dict[str, Any]:
         "text": {
             "format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
         },
-        "tool_choice": choice.model_dump()
-        if choice is not None and not isinstance(choice, str)
-        else choice or "auto",
+        "tool_choice": _choice_echo(body.tool_choice),
         "tools": spec_tools,
         "truncation": body.truncation or "disabled",
         "metadata": {},
@@ -145,10 +153,12 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
         await asyncio.to_thread(keep, response)
         return JSONResponse(response)
 
+    finished: list[dict[str, Any]] = []  # the whole response, once the last delta is framed
+
     def encode(delta: Delta) -> list[bytes]:
         events = answer.frame(delta)
         if delta.final is not None:
-            keep(answer.body())
+            finished.append(answer.body())
         return [sse_event(e["type"], e) for e in events]
 
     def failed(exc: Exception) -> bytes:
@@ -165,8 +175,18 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
         )
 
     head = [sse_event(e["type"], e) for e in answer.head()]
-    frames = paced(stream, encode, interval_s=interval(request), on_error=failed, head=head)
-    return streaming(frames)
+    paced_frames = paced(stream, encode, interval_s=interval(request), on_error=failed, head=head)
+
+    async def frames() -> AsyncIterator[bytes]:
+        # stored (off the event loop) before the client reads response.completed, so a
+        # request continuing from it at once finds it
+        async with contextlib.aclosing(paced_frames):  # a client that leaves cancels it
+            async for frame in paced_frames:
+                if finished:
+                    await asyncio.to_thread(keep, finished.pop())
+                yield frame
+
+    return streaming(frames())
 
 
 @router.post("/v1/responses/input_tokens")

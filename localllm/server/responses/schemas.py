@@ -11,6 +11,7 @@ as the README says; any other kind is a 400 naming it.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Literal
 
@@ -55,7 +56,9 @@ class Part(wire.Wire):
                 param="input",
                 code="vision_not_supported",
             )
-        return self.refusal or "" if self.type == "refusal" else self.text
+        if self.type == "refusal":
+            return self.refusal or ""
+        return self.text
 
 
 class MessageItem(wire.Wire):
@@ -121,10 +124,8 @@ def messages_of(items: list[Item]) -> list[Message]:
             names[item.call_id] = item.name
             call = ToolCall(item.call_id, item.name, item.arguments)
             last = out[-1] if out else None
-            if last is not None and last.role == "assistant" and last.tool_calls:
+            if last is not None and last.role == "assistant":
                 out[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
-            elif last is not None and last.role == "assistant" and not last.tool_calls:
-                out[-1] = Message("assistant", last.content, tool_calls=(call,))
             else:
                 out.append(Message("assistant", "", tool_calls=(call,)))
         elif isinstance(item, FunctionOutputItem):
@@ -196,10 +197,11 @@ class ResponsesBody(wire.Wire):
     include: list[str] | None = None
     truncation: Literal["disabled", "auto"] | None = None
 
+    @functools.cached_property
     def offered(self) -> list[tuple[FunctionTool, str | None]]:
         """The function tools the model sees, each with the namespace it came in (Codex
         groups some in a `namespace` tool; a call names its namespace). Hosted tools are
-        left out; any other kind is a 400 naming it."""
+        left out; any other kind is a 400 naming it. Read once per request."""
         out: list[tuple[FunctionTool, str | None]] = []
         for raw in self.tools or ():
             kind = raw.get("type")
@@ -225,12 +227,12 @@ class ResponsesBody(wire.Wire):
 
     def namespaces(self) -> dict[str, str]:
         """Each namespaced function's namespace, by the function's name."""
-        return {tool.name: space for tool, space in self.offered() if space is not None}
+        return {tool.name: space for tool, space in self.offered if space is not None}
 
     def tool_spec(self) -> ToolSpec | None:
         """The function tools offered (hosted ones left out) and the choice among them."""
         functions = [
-            tool.model_dump(exclude_none=True, exclude={"type"}) for tool, _ in self.offered()
+            tool.model_dump(exclude_none=True, exclude={"type"}) for tool, _ in self.offered
         ]
         choice = self.tool_choice
         parallel = self.parallel_tool_calls is True
