@@ -145,6 +145,18 @@ class FimUnsupported(LocalLLMError):
         self.model = model
 
 
+class QuotaExceeded(LocalLLMError):
+    """An API key's tokens for the day would not cover the request's prompt."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    code = "rate_limit_exceeded"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ServerBusy(LocalLLMError):
     """The request queue is full."""
 

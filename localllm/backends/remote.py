@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_MAX_S = 30.0  # a Retry-After longer than this is not waited for: 503 at once
 BACKOFF_BASE_S = 0.5  # without Retry-After: 0.5 s, 1 s, 2 s, ...
 MODELS_TTL_S = 60.0  # how long an engine's model list is kept before asking again
+MAX_SMALL_BYTES = 4 * 1024 * 1024  # a token count's answer (its tokens listed) at most
 PROBE_TIMEOUT_S = 3.0  # listing models for `list`, /v1/models and the chat's picker
 
 
@@ -232,18 +233,26 @@ class Upstream:
         """A small JSON request (counting tokens); None when the engine has no such route
         or cannot answer it. Never counts against the breaker."""
         try:
-            reply = await self.client().post(
-                self.root() + path,
-                json=body,
-                headers=self.headers(),
-                timeout=self._timeout(PROBE_TIMEOUT_S),
-            )
-            if reply.status_code != 200:
-                return None
-            data = reply.json()
-        except (httpx.HTTPError, ValueError):
+            data = await asyncio.wait_for(self._small_json(path, body), PROBE_TIMEOUT_S * 4)
+        except (httpx.HTTPError, ValueError, asyncio.TimeoutError):
             return None
         return data if isinstance(data, dict) else None
+
+    async def _small_json(self, path: str, body: dict[str, Any]) -> Any:
+        """The JSON of a small answer; None for another status or one over MAX_SMALL_BYTES
+        (an engine that answers without end is not read to its end)."""
+        url, timeout = self.root() + path, self._timeout(PROBE_TIMEOUT_S)
+        async with self.client().stream(
+            "POST", url, json=body, headers=self.headers(), timeout=timeout
+        ) as reply:
+            if reply.status_code != 200:
+                return None
+            raw = bytearray()
+            async for piece in reply.aiter_bytes():
+                raw += piece
+                if len(raw) > MAX_SMALL_BYTES:
+                    return None
+        return json.loads(raw)
 
     def root(self) -> str:
         """The server's root: the base URL without its /v1 (where /tokenize lives)."""

@@ -50,6 +50,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         raise
     engine: EngineClient = Engine(settings)
     engine.observe(accounting.observe)
+    engine.limit_by(accounting)  # the keys' daily token quotas
     try:
         if engine.remotes.find(settings.model) is not None:
             raise ConfigError(

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from localllm.errors import InvalidRequest
+from localllm.errors import InvalidRequest, QuotaExceeded
 
 if TYPE_CHECKING:
     from localllm.backends.base import Chunk
@@ -139,6 +139,7 @@ class Accounting:
         self._version = -1
         self._recent: dict[str, deque[float]] = {}  # admitted request times, per client
         self._tokens_today: dict[tuple[str, str], int] = {}
+        self._reserved: dict[str, int] = {}  # tokens held by running requests, per client
         self._writes: queue.Queue[tuple | None] = queue.Queue()
         self._writer: threading.Thread | None = None
 
@@ -227,6 +228,39 @@ class Accounting:
                     )
                 recent.append(t)
         return None
+
+    def reserve(self, client: str, prompt: int, max_tokens: int | None) -> tuple[int | None, int]:
+        """Admit a request of `client` against what its key has left today: (the
+        max_tokens it may use, the tokens reserved for it until `settle`). The answer's
+        limit is cut to what is left after the prompt; a prompt that does not fit is
+        QuotaExceeded. Reservations of requests running at once count, so parallel
+        requests cannot overspend."""
+        key = next((k for k in self.list_keys() if k.name == client), None)
+        if key is None or key.tokens_per_day is None:
+            return max_tokens, 0
+        t = time.time()
+        used = self.tokens_today(client, t)
+        with self._lock:
+            held = self._reserved.get(client, 0)
+            left = key.tokens_per_day - used - held
+            if left <= prompt:
+                wait = seconds_to_midnight(t)
+                raise QuotaExceeded(
+                    f"Rate limit: the key '{client}' has {max(0, left)} of its "
+                    f"{key.tokens_per_day} tokens for today (UTC) left ({used} used, {held} "
+                    f"held by requests running now), and this prompt is {prompt} tokens; "
+                    f"try again in {wait} s.",
+                    wait,
+                )
+            granted = left - prompt if max_tokens is None else min(max_tokens, left - prompt)
+            self._reserved[client] = held + prompt + granted
+        return granted, prompt + granted
+
+    def settle(self, client: str, reserved: int) -> None:
+        """A request admitted by `reserve` ended: what it used is counted by `record`."""
+        if reserved:
+            with self._lock:
+                self._reserved[client] = max(0, self._reserved.get(client, 0) - reserved)
 
     def tokens_today(self, client: str, now: float | None = None) -> int:
         day = today(now)

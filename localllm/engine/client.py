@@ -30,6 +30,17 @@ T = TypeVar("T")
 Observer = Callable[["Request", str, Chunk, float], None]
 
 
+class Budget(Protocol):
+    """API keys' daily token quotas (engine/accounting.py's Accounting): a request is
+    admitted against what its key has left, and settles when it ends."""
+
+    def reserve(
+        self, client: str, prompt: int, max_tokens: int | None
+    ) -> tuple[int | None, int]: ...
+
+    def settle(self, client: str, reserved: int) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class LoadedRow:
     """One loaded model as the worker last saw it."""
@@ -183,6 +194,10 @@ class EngineClient(Protocol):
 
     def backend_of(self, model: str) -> str:
         """remote, or the backend of the loaded model answering `model`."""
+        ...
+
+    def limit_by(self, budget: Budget) -> None:
+        """Admit each request against `budget` (the API keys' daily quotas)."""
         ...
 
     def observe(self, observer: Observer) -> Callable[[], None]:

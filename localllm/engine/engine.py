@@ -21,8 +21,8 @@ from typing import Any, TypeVar
 
 from localllm.backends.base import Backend, Chunk, LoadedModel, ModelInfo, ModelRef, SamplingParams
 from localllm.config import Settings
-from localllm.engine import remote_route
-from localllm.engine.client import EngineStatus, Observer
+from localllm.engine import remote_route, routing
+from localllm.engine.client import Budget, EngineStatus, Observer
 from localllm.engine.lifecycle import Lifecycle
 from localllm.engine.prompt import fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget
@@ -128,6 +128,9 @@ class Engine:
     def remove(self, ref: ModelRef) -> None:
         """Delete a local model's files."""
         self.store.remove(ref)
+
+    def limit_by(self, budget: Budget) -> None:
+        self.life.budget = budget
 
     def observe(self, observer: Observer) -> Callable[[], None]:
         """Tell `observer` of each finished request; returns the call that stops it."""
@@ -270,7 +273,7 @@ class Engine:
     def submit(self, request: Request) -> ChunkStream:
         """Queue a request; iterate the returned stream from the event loop. A remote
         engine's model is streamed from it on this loop (engine/remote_route.py)."""
-        request = remote_route.route(self.settings.routes, request)
+        request = routing.route(self.settings.routes, request)
         remote = self.remotes.find(request.model)
         if remote is not None:
             return remote_route.submit(self, request, *remote)
@@ -318,7 +321,7 @@ class Engine:
         self, request: Request, *, cancel: threading.Event | None = None
     ) -> Generator[Chunk, None, None]:
         """Synchronous twin of submit(): yields chunks; raises the request's error."""
-        request = remote_route.route(self.settings.routes, request)
+        request = routing.route(self.settings.routes, request)
         remote = self.remotes.find(request.model)
         if remote is not None:
             yield from remote_route.generate(self, request, *remote, cancel or threading.Event())

@@ -9,6 +9,7 @@ there too), and readers see them in the status snapshot the worker publishes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from localllm.backends import reasoning
 from localllm.backends.base import Chunk, LoadedModel, ModelRef
 from localllm.backends.common import check_request
 from localllm.config import Settings
-from localllm.engine.client import Observer
+from localllm.engine.client import Budget, Observer
 from localllm.engine.prompt import fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache
 from localllm.engine.request import Job, Request, Started
@@ -44,12 +45,33 @@ class Lifecycle:
         # told of each finished request (on the worker thread; keep them quick): the
         # request, the model that answered, its final chunk and the seconds since submit
         self.observers: list[Observer] = []
+        # API keys' daily token quotas (engine/accounting.py), when a server has keys
+        self.budget: Budget | None = None
 
     def hooks(
         self, model: LoadedModel, ref: ModelRef, cache_key: str, speculation: Speculation
     ) -> ModelHooks:
         """The scheduler hooks of a newly loaded model (its drafts from `speculation`)."""
         return ModelHooks(self, model, ref, cache_key, speculation)
+
+    def reserve(self, job: Job, prompt_tokens: int) -> int | None:
+        """Hold the tokens a request may use against its API key's quota (the budget
+        settles when the job ends); the answer's new token limit when the quota cut it."""
+        request, budget = job.request, self.budget
+        if budget is None or not request.client:
+            return None
+        asked = request.params.max_tokens
+        granted, job.reserved = budget.reserve(request.client, prompt_tokens, asked)
+        if granted == asked:
+            return None
+        params = dataclasses.replace(request.params, max_tokens=granted)
+        job.request = dataclasses.replace(request, params=params)
+        return granted
+
+    def settle(self, job: Job) -> None:
+        if job.reserved and self.budget is not None:
+            self.budget.settle(job.request.client, job.reserved)
+            job.reserved = 0
 
     def deterministic(self, request: Request) -> bool:
         if request.deterministic is None:
@@ -98,6 +120,8 @@ class ModelHooks:
         request = job.request
         tokens, dropped, before = job.prompt
         check_request(len(tokens), model.info.n_ctx, request.params, model.info.n_vocab)
+        capped = self._life.reserve(job, len(tokens))
+        request = job.request
         thinking = None
         if request.messages is not None:  # a chat: the template may think
             tail = model.detokenize(tokens[-8:])
@@ -112,6 +136,7 @@ class ModelHooks:
             job.tool_format,
             tool_names=names,
             reasoning=thinking,
+            quota_max_tokens=capped,
         )
         exact = bool(request.deterministic)  # the setting's when the request is silent
         params = request.params

@@ -1,4 +1,4 @@
-"""Requests for a remote engine's models, and the rules of `model: "auto"`.
+"""Requests for a remote engine's models (the rules of `model: "auto"`: engine/routing.py).
 
 A model named REMOTE/ID (REMOTE registered with `localllm remote add`) is answered by
 that engine: the request is sent as an OpenAI chat or completion request, its stream
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from localllm.backends.base import Chunk, GenerationStats, Message, ToolCall
 from localllm.backends.remote import RemoteModel, Upstream
 from localllm.backends.tools import new_call_id
-from localllm.config import RouteRule, Settings
+from localllm.config import Settings
 from localllm.engine.request import END, Request, Started
 from localllm.engine.stream import ChunkStream, chunks_of
 from localllm.errors import InvalidRequest, LocalLLMError, RemoteRejected, RemoteUnavailable
@@ -43,8 +43,6 @@ class Host(Protocol):
 
 
 log = logging.getLogger(__name__)
-
-AUTO = "auto"  # the model name that asks the routing table to choose
 
 
 class Remotes:
@@ -72,48 +70,6 @@ class Remotes:
 
     def status(self) -> list[dict[str, Any]]:
         return [u.status() for u in self.upstreams.values()]
-
-
-# -- model "auto" -------------------------------------------------------------------------
-def prompt_chars(request: Request) -> int:
-    if request.messages is not None:
-        return sum(len(m.content) for m in request.messages)
-    return len(request.prompt or "") + len(request.suffix or "")
-
-
-def matches(rule: RouteRule, request: Request) -> bool:
-    chars = prompt_chars(request)
-    checks = (
-        rule.min_prompt_chars is None or chars >= rule.min_prompt_chars,
-        rule.max_prompt_chars is None or chars <= rule.max_prompt_chars,
-        rule.tools is None or rule.tools == (request.tools is not None),
-        rule.json_schema is None or rule.json_schema == (request.params.grammar is not None),
-        rule.priority is None or rule.priority == (request.priority or "normal"),
-        rule.client is None or rule.client == request.client,
-    )
-    return all(checks)
-
-
-def route(rules: tuple[RouteRule, ...], request: Request) -> Request:
-    """The request with `model: "auto"` replaced by the first rule's model that matches."""
-    if request.model != AUTO:
-        return request
-    if not rules:
-        raise InvalidRequest(
-            'model "auto" needs routing rules: add [[routes]] tables to the config '
-            "(see the README's Remote engines section)",
-            param="model",
-            code="model_not_found",
-        )
-    for rule in rules:
-        if matches(rule, request):
-            return dataclasses.replace(request, model=rule.model)
-    raise InvalidRequest(
-        f"no routing rule matches this request ({len(rules)} rules; prompt of "
-        f"{prompt_chars(request)} characters, tools {'yes' if request.tools else 'no'}); "
-        "end the table with a rule that has only a model, to catch the rest",
-        param="model",
-    )
 
 
 # -- the wire -----------------------------------------------------------------------------
@@ -293,6 +249,9 @@ async def _prompt_count(up: Upstream, model_id: str, body: dict[str, Any]) -> in
     return 0
 
 
+MAX_REMOTE_CHARS, MAX_REMOTE_S = 8 * 1024 * 1024, 3600.0  # an answer's bounds, any request
+
+
 async def answer(
     engine: Host, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
 ) -> None:
@@ -304,6 +263,7 @@ async def answer(
     reply = _Reply()
     started = False
     events = up.stream(path, body)
+    limit, size = request.params.max_tokens, 0
     try:
         async for event in events:
             text, thought = reply.delta_of(event)
@@ -312,6 +272,11 @@ async def answer(
                 started = True
             if text or thought:
                 feed(Chunk(text, (), reasoning=thought))
+            size += len(text) + len(thought)  # an engine that ignores max_tokens is cut:
+            over = limit is not None and reply.pieces >= limit  # its request is closed
+            if over or size > MAX_REMOTE_CHARS or time.monotonic() - begun > MAX_REMOTE_S:
+                reply.finish = reply.finish or "length"
+                break
     except RemoteUnavailable as exc:
         if started or not up.remote.fallback:
             raise

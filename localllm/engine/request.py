@@ -33,6 +33,8 @@ class Started:
     # a remote that could not answer, when its local fallback does instead, and why
     fallback_from: str | None = None
     note: str | None = None
+    # the answer's token limit when the API key's quota for the day cut it (else None)
+    quota_max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,7 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     prompt: tuple[list[int], int, int] | None = None  # fit_prompt's answer, once tokenized
     tool_format: str | None = None  # with tools: how the model writes calls
+    reserved: int = 0  # tokens held for it against its API key's daily quota
 
     @property
     def ready(self) -> bool:

@@ -10,6 +10,7 @@ or unload the worker publishes a frozen `EngineStatus`, which is all other threa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import queue
@@ -269,12 +270,12 @@ class Worker:
             job = item.job if isinstance(item, _Tokenized) else item
             if isinstance(job, Job):
                 with logged("ending a queued request"):
-                    job.on_end = job.on_end or self._ended
+                    job.on_end = job.on_end or functools.partial(self._ended, job)
                     job.end(error)
 
     def _accept(self, job: Job) -> None:
         """A new job: a call or a load now, or a request handed to its model's scheduler."""
-        job.on_end = self._ended
+        job.on_end = functools.partial(self._ended, job)
         rs = self.residency
         try:
             if job.call is not None:
@@ -386,7 +387,8 @@ class Worker:
         self._schedule(job, grown)
         return True
 
-    def _ended(self) -> None:
+    def _ended(self, job: Job) -> None:
+        self.life.settle(job)  # what it held of its key's quota
         with self._lock:
             self._outstanding -= 1
 

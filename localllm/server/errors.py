@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localllm.errors import LocalLLMError, ServerBusy
+from localllm.errors import LocalLLMError, QuotaExceeded, ServerBusy
 from localllm.server.wire import error_for
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,9 @@ def error_response(
 
 
 def local_error_response(exc: LocalLLMError, path: str = "") -> JSONResponse:
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, ServerBusy) else None
+    headers = None
+    if isinstance(exc, ServerBusy | QuotaExceeded):
+        headers = {"Retry-After": str(exc.retry_after)}
     return error_response(
         exc.status, exc.public_message, exc.error_type, exc.param, exc.code, headers, path
     )

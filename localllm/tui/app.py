@@ -133,6 +133,7 @@ class ChatApp(Answering):
         self.accounting = accounting or Accounting.for_settings(settings)
         # the chat's and its endpoint's requests are counted
         self._stop_observing = engine.observe(self.accounting.observe)
+        engine.limit_by(self.accounting)  # the keys' daily token quotas
         self.history = history
         self.serve = serve
         # a remote engine's model the chat talks to (NAME/MODEL); None: the loaded model

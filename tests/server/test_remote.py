@@ -68,6 +68,34 @@ class Scripted(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
+class Endless(BaseHTTPRequestHandler):
+    """An engine that ignores max_tokens and never ends its stream (until the reader
+    goes): localllm must cut it."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        data = json.dumps({"object": "list", "data": [{"id": "chatty"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        event = {"choices": [{"index": 0, "delta": {"content": " more"}}]}
+        try:
+            while True:
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        except OSError:  # localllm closed the request
+            return
+
+
 @pytest.fixture(scope="module")
 @loads_model
 def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
@@ -80,6 +108,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
     second = server
     scripted = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     threading.Thread(target=scripted.serve_forever, daemon=True).start()
+    endless = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
+    threading.Thread(target=endless.serve_forever, daemon=True).start()
     closed = free_port()
     doomed = free_port()  # an engine started (and killed) by a test
     remotes = [
@@ -90,6 +120,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
          "retries": 1},
         {"name": "gone", "url": f"http://127.0.0.1:{closed}/v1", "models": ["big"],
          "fallback": "starter", "connect_timeout_s": 1},
+        {"name": "endless", "url": f"http://127.0.0.1:{endless.server_address[1]}/v1",
+         "models": ["chatty"]},
         {"name": "dead", "url": f"http://127.0.0.1:{closed}/v1", "models": ["big"],
          "failures_to_trip": 2, "down_for_s": 600, "connect_timeout_s": 1},
     ]
@@ -105,6 +137,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
            "tmp": tmp}
     front.stop()
     scripted.shutdown()
+    endless.shutdown()
     upstream.stop()
 
 
@@ -236,6 +269,22 @@ def test_tool_calls_through_a_remote(engines: dict):
         tools=TOOLS, tool_choice="required", temperature=0, stream=True)]
     calls = [c for e in streamed if e.choices for c in e.choices[0].delta.tool_calls or ()]
     assert calls and streamed[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_an_engine_that_ignores_max_tokens_is_cut_there(engines: dict):
+    front = engines["front"]
+    body = {"model": "endless/chatty", "messages": ASK, "max_tokens": 40}
+    r = httpx.post(front.base + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert answer["choices"][0]["finish_reason"] == "length"
+    assert answer["choices"][0]["message"]["content"] == " more" * 40
+    assert answer["usage"]["completion_tokens"] == 40
+    with httpx.stream("POST", front.base + "/v1/chat/completions",
+                      json={**body, "stream": True}, timeout=120) as reply:
+        text = "".join(line for line in reply.iter_lines())
+    assert text.count(" more") == 40 and '"finish_reason":"length"' in text
+    assert text.endswith("data: [DONE]")
 
 
 def test_disconnect_closes_the_upstream_request(engines: dict):

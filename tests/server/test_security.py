@@ -320,7 +320,7 @@ def test_usage_is_counted_per_key_and_quotas_give_429(tmp_path: Path):
         assert "2 requests per minute" in err["message"]
         assert 1 <= int(r.headers["retry-after"]) <= 60
         r = web.post(url, json=body, headers={"Authorization": f"Bearer {small}"})
-        assert r.status_code == 200  # under the limit when it starts; it uses 6+ tokens
+        assert r.status_code == 200  # under the limit; its answer is cut to what is left
         def counted() -> bool:  # the usage is written off the request path, after it ends
             rows = json.loads(localllm(srv, "usage", "--json").stdout)
             return any(row["client"] == "tiny" and row["completion_tokens"] for row in rows)
@@ -339,6 +339,59 @@ def test_usage_is_counted_per_key_and_quotas_give_429(tmp_path: Path):
         keys = {row["name"]: row for row in json.loads(localllm(srv, "keys", "list",
                                                                 "--json").stdout)}
         assert keys["script"]["requests"] == 2 and keys["script"]["rpm"] == 2
+    finally:
+        srv.stop()
+
+
+def _tokens_today(srv: ServerProcess, name: str, settled: int) -> int:
+    """The key's tokens today once `settled` requests are written (off the request path)."""
+    deadline = time.monotonic() + 60
+    while True:
+        rows = {row["name"]: row for row in json.loads(localllm(srv, "keys", "list",
+                                                                "--json").stdout)}
+        if rows[name]["requests"] >= settled or time.monotonic() > deadline:
+            return int(rows[name]["tokens_today"])
+        time.sleep(0.2)
+
+
+@pytest.mark.process
+def test_a_quota_cannot_be_overspent_by_parallel_or_long_requests(tmp_path: Path):
+    srv = ServerProcess(tmp_path)
+    try:
+        url = srv.base + "/v1/completions"
+        # no end token: each answer would run to its limit
+        body = {"prompt": "Once upon a time", "max_tokens": 120, "temperature": 0,
+                "logit_bias": {"0": -100, "2": -100}}
+        key = add_key(srv, "parallel", "--tokens-per-day", "50")
+        auth = {"Authorization": f"Bearer {key}"}
+        replies: list[httpx.Response] = []
+        threads = [threading.Thread(target=lambda: replies.append(
+            web.post(url, json=body, headers=auth, timeout=300))) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        ok = [r for r in replies if r.status_code == 200]
+        refused = [r for r in replies if r.status_code == 429]
+        assert len(replies) == 8  # (a request that failed in its thread is missing here)
+        assert ok and len(ok) + len(refused) == 8, [(r.status_code, r.text[:300]) for r in replies]
+        for r in refused:
+            assert r.json()["error"]["code"] == "rate_limit_exceeded"
+            assert "of its 50 tokens for today" in r.json()["error"]["message"]
+            assert int(r.headers["retry-after"]) >= 1
+        for r in ok:  # each answer was cut to what the key had left, and says so
+            assert r.json()["quota"]["max_tokens"] < 120
+            assert r.json()["choices"][0]["finish_reason"] == "length"
+        spent = sum(r.json()["usage"]["total_tokens"] for r in ok)
+        assert spent <= 50 and _tokens_today(srv, "parallel", len(ok)) == spent
+        # one request asking far more than its key's 60 tokens
+        key = add_key(srv, "long", "--tokens-per-day", "60")
+        r = web.post(url, json={**body, "max_tokens": 1000},
+                     headers={"Authorization": f"Bearer {key}"}, timeout=300)
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert r.json()["quota"]["max_tokens"] == 60 - usage["prompt_tokens"]
+        assert usage["total_tokens"] == 60 == _tokens_today(srv, "long", 1)
     finally:
         srv.stop()
 

@@ -87,7 +87,6 @@ async def ask(pilot: Pilot, text: str) -> None:
 def app_with(tmp_path: Path, store: ModelStore, *, serve: bool = False,
              db: Path | None = None, **settings: Any) -> Iterator[tuple[ChatApp, History]]:
     """A chat app with its own settings, engine and history, closed afterwards."""
-    # two threads whatever runs beside: the settings screen in the snapshots shows them
     conf = Settings(**{"n_threads": 2, "data_dir": tmp_path / "d", **settings})
     engine = Engine(conf, store)
     history = History(db or tmp_path / "h.sqlite3")

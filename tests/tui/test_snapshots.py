@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+import pytest
 from textual.pilot import Pilot
 
+from localllm.config import Settings
 from localllm.history import ConversationSettings, History
 from localllm.tui.app import ChatApp
 from localllm.tui.screens.model_picker import ModelPicker
 from localllm.tui.screens.settings import SettingsScreen
 from localllm.tui.widgets.messages import ChatMessage
 from tests.tui.conftest import ready, wait_for
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """The screens show the thread count: two, also when xdist workers use one each."""
+    return Settings(n_threads=2, data_dir=tmp_path / "data", cache_dir=tmp_path / "cache")
+
 
 SIZE = (110, 32)
 STATS = {"prompt_tokens": 31, "cached_tokens": 0, "generated_tokens": 42, "ttft_s": 0.142,

@@ -12,8 +12,9 @@ from localllm.backends.base import Message, SamplingParams, ToolCall
 from localllm.backends.remote import Breaker, RemoteModel, _model_of, _retry_after
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.config import RouteRule, load_settings
-from localllm.engine.remote_route import Remotes, body_of, route
+from localllm.engine.remote_route import Remotes, body_of
 from localllm.engine.request import Request
+from localllm.engine.routing import route
 from localllm.errors import ConfigError, InvalidRequest
 
 

@@ -39,6 +39,8 @@ async def _respond(
         }
     if started.fallback_from is not None:
         out.fallback = fallback_field(started)
+    if started.quota_max_tokens is not None:  # the key's quota for today cut the limit
+        out.quota = {"max_tokens": started.quota_max_tokens}
     blank = body.prompt_only()  # llama-server's n_predict 0: the prompt is read, no answer
     if not body.stream:
         whole = await collect(stream, request)

@@ -61,6 +61,8 @@ class Shapes:
         self.truncated: dict[str, int] | None = None
         # set when a remote model's local fallback answered: said in the final bodies
         self.fallback: dict[str, str | None] | None = None
+        # set when the API key's daily quota cut max_tokens: said in the final bodies
+        self.quota: dict[str, int] | None = None
 
     def _body(self, obj: str, choices: list[dict], use: dict | None = None) -> dict:
         body: dict[str, Any] = {
@@ -79,6 +81,8 @@ class Shapes:
             body["truncated"] = self.truncated
         if self.fallback is not None:
             body["fallback"] = self.fallback
+        if self.quota is not None:
+            body["quota"] = self.quota
         return body
 
     def _choice(
