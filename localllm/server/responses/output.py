@@ -157,6 +157,11 @@ class Answer:
             "content": [part],
         }
 
+    def _part_event(
+        self, kind: str, item: dict[str, Any], index: int, part: dict[str, Any]
+    ) -> dict[str, Any]:
+        return self._event(kind, item_id=item["id"], output_index=index, content_index=0, part=part)
+
     def _switch(self, kind: str | None) -> list[dict[str, Any]]:
         """Close the item being streamed (if it is not of `kind`) and open one of `kind`."""
         out: list[dict[str, Any]] = []
@@ -180,39 +185,24 @@ class Answer:
                 )
             )
             if item["type"] == "message":
-                out.append(
-                    self._event(
-                        "response.content_part.done",
-                        item_id=item["id"],
-                        output_index=index,
-                        content_index=0,
-                        part=part,
-                    )
-                )
+                out.append(self._part_event("response.content_part.done", item, index, part))
             item["status"] = "completed"
             out.append(self._event("response.output_item.done", output_index=index, item=item))
             self._open = None
         if kind is None:
             return out
-        fresh = self._reasoning("", "in_progress") if kind == "reasoning" else None
         if kind == "message":
             fresh = self._message("", "in_progress")
-        assert fresh is not None
+        else:
+            fresh = self._reasoning("", "in_progress")
         shown = {**fresh, "content": []}
         self.output.append(fresh)
         self._open = fresh
         index = len(self.output) - 1
         out.append(self._event("response.output_item.added", output_index=index, item=shown))
         if kind == "message":
-            out.append(
-                self._event(
-                    "response.content_part.added",
-                    item_id=fresh["id"],
-                    output_index=index,
-                    content_index=0,
-                    part={**fresh["content"][0]},
-                )
-            )
+            part = {**fresh["content"][0]}
+            out.append(self._part_event("response.content_part.added", fresh, index, part))
         return out
 
     def _grow(self, kind: str, text: str) -> list[dict[str, Any]]:
