@@ -122,6 +122,11 @@ class Settings:
     allow_model_paths: bool = False
     no_auth: bool = False  # serve a non-loopback address with no API key
     drain_s: float = 10.0  # on SIGTERM, seconds to let running answers finish
+    # a stream whose client takes none of it for this long gives its sequence up when
+    # another request waits for one (it is paused, not decoded, as soon as it falls behind)
+    stall_timeout_s: float = 30.0
+    header_timeout_s: float = 10.0  # a connection's request head must arrive within this
+    max_connections_per_client: int = 128  # open connections from one address
     data_dir: Path = field(default_factory=_data_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
     lmstudio_dir: Path = field(default_factory=_lmstudio_dir)  # models used where they lie
@@ -395,6 +400,13 @@ def _validate(s: Settings) -> None:
         )
     if not 0 <= s.drain_s <= 3600:
         raise ConfigError(f"drain_s must be 0 to 3600 seconds, got {s.drain_s}")
+    for key in ("stall_timeout_s", "header_timeout_s"):
+        if not 0.1 <= getattr(s, key) <= 3600:
+            raise ConfigError(f"{key} must be 0.1 to 3600 seconds, got {getattr(s, key)}")
+    if not 1 <= s.max_connections_per_client <= 65536:
+        raise ConfigError(
+            f"max_connections_per_client must be 1 to 65536, got {s.max_connections_per_client}"
+        )
     _validate_remotes(s)
     if s.max_body_bytes < 1024:
         raise ConfigError(f"max_body_bytes must be at least 1024, got {s.max_body_bytes}")

@@ -157,6 +157,33 @@ class QuotaExceeded(LocalLLMError):
         self.retry_after = retry_after
 
 
+class ReaderStalled(LocalLLMError):
+    """A streaming client took none of its answer for longer than its bound while other
+    requests waited for its sequence: its stream ends with this error."""
+
+    status = 408
+    error_type = "timeout_error"
+    code = "client_stalled"
+
+    def __init__(self, behind_s: float, bound_s: float, waiting: int) -> None:
+        super().__init__(
+            f"The stream was ended: its client took none of the answer for {behind_s:.0f} s "
+            f"(stall_timeout_s = {bound_s:g}) while {waiting} other request(s) waited for "
+            "its sequence."
+        )
+
+
+class ClientLeft(LocalLLMError):
+    """The client went away before its answer was done: the rest was not computed (the
+    status is nginx's 499, for the access log; nobody is left to read it)."""
+
+    status = 499
+    code = "client_closed_request"
+
+    def __init__(self, done: int, total: int) -> None:
+        super().__init__(f"The client left after {done} of {total} inputs were computed.")
+
+
 class ServerBusy(LocalLLMError):
     """The request queue is full."""
 

@@ -299,11 +299,17 @@ class Scorer(Protocol):
         ...
 
     def embed(
-        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        *,
+        pooling: str | None = None,
+        first: int = 0,
     ) -> tuple[list[list[float]], int]:
         """One L2-normalised vector per input (text, or token ids), and the tokens read.
         Pooling: the model's own (its GGUF metadata), mean for a model that has none, or
-        `pooling` ("mean", "cls", "last"). InvalidRequest where the backend cannot embed."""
+        `pooling` ("mean", "cls", "last"). InvalidRequest where the backend cannot embed;
+        an error about one input names it by its index in the request (`first` is that of
+        inputs[0], when the request's inputs come in pieces)."""
         ...
 
 

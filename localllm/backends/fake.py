@@ -236,7 +236,11 @@ class FakeModel:
         raise InvalidRequest("the scripted model does not score text")
 
     def embed(
-        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        *,
+        pooling: str | None = None,
+        first: int = 0,
     ) -> tuple[list[list[float]], int]:
         raise InvalidRequest("the scripted model does not embed")
 

@@ -543,7 +543,11 @@ class LlamaCppModel:
 
     # -- embeddings ----------------------------------------------------------------
     def embed(
-        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        *,
+        pooling: str | None = None,
+        first: int = 0,
     ) -> tuple[list[list[float]], int]:
         rows = [
             self._tokenize(x.encode("utf-8"), add_special=True, parse_special=False)
@@ -551,7 +555,7 @@ class LlamaCppModel:
             else list(x)
             for x in inputs
         ]
-        return self._embedder.embed(rows, self.info, pooling)
+        return self._embedder.embed(rows, self.info, pooling, first)
 
     def close(self) -> None:
         if getattr(self, "_embedder", None) is not None:

@@ -54,13 +54,14 @@ class Embedder:
         return ctx, n_ctx
 
     def embed(
-        self, rows: list[list[int]], info: ModelInfo, pooling: str | None
+        self, rows: list[list[int]], info: ModelInfo, pooling: str | None, first: int = 0
     ) -> tuple[list[list[float]], int]:
-        """L2-normalised vectors of the token rows, and how many tokens they were."""
+        """L2-normalised vectors of the token rows, and how many tokens they were (an input
+        is named by its index in the request: rows[0] is input `first`)."""
         ll = self._ll
         ctx, n_ctx = self._context(pooling, info.n_ctx_train)
         n_vocab = info.n_vocab
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows, start=first):
             if not row:
                 raise InvalidRequest(f"input {i} is empty", param="input")
             bad = next((t for t in row if not 0 <= t < n_vocab), None)

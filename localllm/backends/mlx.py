@@ -562,7 +562,11 @@ class MlxModel:
         return [float(v) for v in (picked - norm).tolist()]
 
     def embed(
-        self, inputs: Sequence[str | Sequence[int]], *, pooling: str | None = None
+        self,
+        inputs: Sequence[str | Sequence[int]],
+        *,
+        pooling: str | None = None,
+        first: int = 0,
     ) -> tuple[list[list[float]], int]:
         raise InvalidRequest(
             f"{self.info.id} runs on MLX, and mlx-lm cannot compute embeddings; use a GGUF "

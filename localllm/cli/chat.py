@@ -29,6 +29,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.engine.engine import Engine
     from localllm.history import History
     from localllm.tui.app import ChatApp
+    from localllm.tui.logview import logging_to_file
 
     engine: EngineClient = Engine(settings)
     try:
@@ -36,7 +37,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             engine.resolve(settings.model)  # a bad name fails now, with exit code 2
         history = History(settings.data_dir / "history.sqlite3")
         try:
-            ChatApp(settings, engine, history=history, serve=not args.no_serve).run()
+            with logging_to_file(settings.data_dir):  # never drawn over the chat's screen
+                ChatApp(settings, engine, history=history, serve=not args.no_serve).run()
         finally:
             history.close()
     finally:

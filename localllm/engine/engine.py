@@ -279,7 +279,9 @@ class Engine:
             return remote_route.submit(self, request, *remote)
         cancel = threading.Event()
         stream = ChunkStream(asyncio.get_running_loop(), cancel)
-        self.submit_local(request, stream.feed, cancel)
+        job = Job(request, None, stream.feed, cancel, reader=stream.behind)
+        job.stall_s = self.settings.stall_timeout_s
+        self.worker.enqueue(job)
         return stream
 
     def submit_local(
@@ -308,6 +310,20 @@ class Engine:
 
         self.worker.post(count)
         await done
+
+    def hold_remote(self, request: Request) -> tuple[Request, Callable[[], None], int | None]:
+        """A remote request held against its key's quota (remote_route.Host); its prompt
+        is not tokenized here, so it counts as a token per four characters."""
+        chars = len(request.prompt or "") + sum(len(m.content) for m in request.messages or ())
+        held, reserved, capped = self.life.hold(request, chars // 4 + 1)
+        done = threading.Event()
+
+        def release() -> None:
+            if not done.is_set():
+                done.set()
+                self.life.release(request.client, reserved)
+
+        return held, release, capped
 
     def cancelled_remote(self) -> None:
         """A remote request that its client left before it began (any thread)."""

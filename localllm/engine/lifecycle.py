@@ -22,7 +22,7 @@ from localllm.engine.client import Budget, Observer
 from localllm.engine.prompt import fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache
 from localllm.engine.request import Job, Request, Started
-from localllm.engine.scheduler import Admission, Running
+from localllm.engine.sequence import Admission, Running
 from localllm.engine.speculative import Speculation
 
 log = logging.getLogger(__name__)
@@ -57,21 +57,30 @@ class Lifecycle:
     def reserve(self, job: Job, prompt_tokens: int) -> int | None:
         """Hold the tokens a request may use against its API key's quota (the budget
         settles when the job ends); the answer's new token limit when the quota cut it."""
-        request, budget = job.request, self.budget
+        job.request, job.reserved, capped = self.hold(job.request, prompt_tokens)
+        return capped
+
+    def hold(self, request: Request, prompt_tokens: int) -> tuple[Request, int, int | None]:
+        """`reserve` for any request (a remote engine's too; any thread: the budget locks):
+        the request with its max_tokens cut to what is left, the tokens held (give them
+        back with `release`), and the cut limit (None: not cut)."""
+        budget = self.budget
         if budget is None or not request.client:
-            return None
+            return request, 0, None
         asked = request.params.max_tokens
-        granted, job.reserved = budget.reserve(request.client, prompt_tokens, asked)
+        granted, reserved = budget.reserve(request.client, prompt_tokens, asked)
         if granted == asked:
-            return None
+            return request, reserved, None
         params = dataclasses.replace(request.params, max_tokens=granted)
-        job.request = dataclasses.replace(request, params=params)
-        return granted
+        return dataclasses.replace(request, params=params), reserved, granted
+
+    def release(self, client: str, reserved: int) -> None:
+        if reserved and self.budget is not None:
+            self.budget.settle(client, reserved)
 
     def settle(self, job: Job) -> None:
-        if job.reserved and self.budget is not None:
-            self.budget.settle(job.request.client, job.reserved)
-            job.reserved = 0
+        self.release(job.request.client, job.reserved)
+        job.reserved = 0
 
     def deterministic(self, request: Request) -> bool:
         if request.deterministic is None:

@@ -41,6 +41,12 @@ class Host(Protocol):
 
     def cancelled_remote(self) -> None: ...
 
+    def hold_remote(self, request: Request) -> tuple[Request, Callable[[], None], int | None]:
+        """The request admitted against its API key's quota: with max_tokens cut to what
+        is left, the call that gives the hold back (once), and the cut limit (None: not
+        cut); QuotaExceeded when its prompt does not fit."""
+        ...
+
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +262,24 @@ async def answer(
     engine: Host, request: Request, up: Upstream, model_id: str, feed: Callable[[Any], None]
 ) -> None:
     """Run one request on a remote engine, feeding Started, chunks and END (or the
-    error) to `feed`; the local fallback answers when the engine cannot and has one."""
+    error) to `feed`; the local fallback answers when the engine cannot and has one.
+    The request is held against its key's quota meanwhile, as a local one is."""
+    request, release, capped = engine.hold_remote(request)
+    try:
+        await _answer(engine, request, up, model_id, feed, release, capped)
+    finally:
+        release()
+
+
+async def _answer(
+    engine: Host,
+    request: Request,
+    up: Upstream,
+    model_id: str,
+    feed: Callable[[Any], None],
+    release: Callable[[], None],
+    capped: int | None,
+) -> None:
     name = request.model or f"{up.name}/{model_id}"
     begun = time.monotonic()
     path, body = body_of(request, model_id)
@@ -268,7 +291,7 @@ async def answer(
         async for event in events:
             text, thought = reply.delta_of(event)
             if not started:
-                feed(Started(name, 0, backend="remote"))
+                feed(Started(name, 0, backend="remote", quota_max_tokens=capped))
                 started = True
             if text or thought:
                 feed(Chunk(text, (), reasoning=thought))
@@ -281,6 +304,7 @@ async def answer(
         if started or not up.remote.fallback:
             raise
         log.warning("%s; the fallback %s answers", exc.message, up.remote.fallback)
+        release()  # the local model's request holds its own
         await _fallback(engine, request, up.remote.fallback, name, exc.reason, feed)
         return
     finally:
@@ -293,7 +317,7 @@ async def answer(
             "its log says why",
         )
     if not started:
-        feed(Started(name, 0, backend="remote"))
+        feed(Started(name, 0, backend="remote", quota_max_tokens=capped))
     usage = reply.usage or {}
     prompt = usage.get("prompt_tokens")
     if prompt is None:

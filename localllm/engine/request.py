@@ -98,6 +98,10 @@ class Job:
     prompt: tuple[list[int], int, int] | None = None  # fit_prompt's answer, once tokenized
     tool_format: str | None = None  # with tools: how the model writes calls
     reserved: int = 0  # tokens held for it against its API key's daily quota
+    # seconds its reader has been behind, None while it keeps up (ChunkStream.behind);
+    # behind, it is paused; behind for over `stall_s`, it may be ended (engine/sequence.py)
+    reader: Callable[[], float | None] | None = None
+    stall_s: float = 30.0
 
     @property
     def ready(self) -> bool:

@@ -26,21 +26,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from localllm.backends.base import (
-    Chunk,
-    Decoding,
-    Drafter,
-    FinishReason,
-    SeqWork,
-    TokenLogprob,
-)
+from localllm.backends.base import Chunk, Decoding, FinishReason, SeqWork
 from localllm.backends.common import (
     ALIGN,
     BATCH,
-    DraftCounts,
     common_prefix,
     final_chunk,
     keep_matching,
@@ -49,78 +40,14 @@ from localllm.backends.common import (
 )
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.grammar import Constraint
-from localllm.engine.request import END, Job, Request, Started, end_unstarted
-from localllm.errors import LocalLLMError
+from localllm.engine.request import END, Job, Request, end_unstarted
+from localllm.engine.sequence import Hooks, Running, paused, stalled
+from localllm.errors import LocalLLMError, ReaderStalled
 
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 128  # prompt tokens per step while other sequences decode
 INTERACTIVE_MAX_TOKENS = 64  # a raw completion asking for at most this many is interactive
-
-
-@dataclass(eq=False)
-class Running:
-    """One admitted request: its sequence, its prompt read so far, its output so far."""
-
-    job: Job
-    seq: int
-    prompt: list[int]
-    done: int  # prompt tokens in the KV cache (cached ones included)
-    cached: int
-    limit: int  # the most tokens it may generate
-    sampler: Any
-    text: TextAssembler
-    exact: bool
-    high: bool
-    started: Started | None  # sent with the first chunk
-    drafter: Drafter | None
-    arrival: int
-    t0: float
-    t_first: float = 0.0
-    generated: int = 0
-    pending: int | None = None  # sampled and sent, not yet evaluated
-    counts: DraftCounts = field(default_factory=DraftCounts)
-    constraint: Constraint | None = None  # the grammar its output must follow
-    logprobs: int | None = None  # report log probabilities, with this many alternatives
-    picked: TokenLogprob | None = None  # the last sampled token's, when reported
-
-    @property
-    def prefilling(self) -> bool:
-        return self.pending is None
-
-    def spent(self, text: str) -> bool:
-        """Its token limit is reached, or its time bound (llama-server's t_max_predict_ms,
-        which ends an answer only at a newline) is spent and this piece ends a line."""
-        bound = self.job.request.params.newline_deadline_s
-        late = bound is not None and time.perf_counter() - (self.t_first or self.t0) > bound
-        return self.generated >= self.limit or (late and "\n" in text)
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """What the engine works out for a request before it can run on a model."""
-
-    prompt: list[int]
-    started: Started
-    drafter: Drafter | None
-    exact: bool
-
-
-class Hooks(Protocol):
-    """What a model's scheduler asks of the engine at the three points of a request's
-    life (engine/lifecycle.py is the one implementation)."""
-
-    def admit(self, job: Job) -> Admission:
-        """The request made ready to run, or the typed error it fails with."""
-        ...
-
-    def prepare(self, prompt: list[int], seq: int, exact: bool) -> None:
-        """Put the best cached KV state for `prompt` into sequence `seq`."""
-        ...
-
-    def ended(self, job: Job, run: Running, final: Chunk | None) -> None:
-        """The request ended: with its final chunk, or None when it failed."""
-        ...
 
 
 class Scheduler:
@@ -140,10 +67,27 @@ class Scheduler:
     # -- the queue ---------------------------------------------------------------------
     @property
     def busy(self) -> bool:
-        """Something to step: a running request, or a waiting one that can start (or has
-        been cancelled). A request whose prompt is still being read keeps its place in
-        line without making the worker spin."""
-        return bool(self.active) or self._startable()
+        """Something to step: a running request whose reader keeps up, or a waiting one
+        that can start (or has been cancelled). A request whose prompt is still being read,
+        or whose reader has fallen behind, keeps its place without making the worker spin."""
+        if any(not paused(r) or r.job.cancel.is_set() for r in self.active.values()):
+            return True
+        if len(self.active) < self.model.n_seq or self._stalled() is not None:
+            return self._startable()
+        return False
+
+    @property
+    def paused(self) -> int:
+        """Running requests whose readers have fallen behind (the worker looks again soon)."""
+        return sum(paused(r) for r in self.active.values())
+
+    def _stalled(self) -> Running | None:
+        """The running request whose reader stalled first, when another waits for a slot."""
+        if not self.waiting or len(self.active) < self.model.n_seq:
+            return None
+        return next(
+            (r for r in sorted(self.active.values(), key=lambda r: r.arrival) if stalled(r)), None
+        )
 
     def _startable(self) -> bool:
         """A waiting request the next step would start or end: in admission order, a
@@ -168,7 +112,7 @@ class Scheduler:
             rows.append(
                 {
                     "seq": r.seq,
-                    "state": "prefill" if r.prefilling else "decode",
+                    "state": "prefill" if r.prefilling else "paused" if r.held else "decode",
                     "prompt_tokens": len(r.prompt),
                     "prefilled": r.done,
                     "cached": r.cached,
@@ -261,13 +205,14 @@ class Scheduler:
     # -- one step ----------------------------------------------------------------------
     def step(self) -> None:
         """Admit what fits, evaluate one batch, sample and send what it gave."""
+        self._evict_stalled()
         self._admit()
         for r in list(self.active.values()):
             if r.job.cancel.is_set():
                 self._finish(r, "cancelled")
-        if not self.active:
-            return
         work, plans = self._plan()
+        if not work:
+            return
         t = time.perf_counter()
         try:
             self.model.step(work)
@@ -291,6 +236,16 @@ class Scheduler:
                 if self.active.get(w.seq) is r:
                     self._drop(r, _failure(exc, "sampling failed"))
 
+    def _evict_stalled(self) -> None:
+        """A request whose reader stopped reading gives its sequence up to one that waits."""
+        victim = self._stalled() if self._startable() else None
+        if victim is None:
+            return
+        behind = victim.job.reader() if victim.job.reader is not None else None
+        stalled = ReaderStalled(behind or 0.0, victim.job.stall_s, len(self.waiting))
+        log.warning("request %s: %s", victim.job.request.request_id or "-", stalled)
+        self._drop(victim, stalled)
+
     def _plan(self) -> tuple[list[SeqWork], list[list[int]]]:
         """The batch: each decoding sequence's token (and drafts, when it is alone), then
         prompt chunks, interactive and earlier requests first. While an interactive request
@@ -301,7 +256,7 @@ class Scheduler:
         self._steps += 1
         if self._steps % 2 and any(r.high and not r.prefilling for r in running):
             running = [r for r in running if r.high]
-        decoding = [r for r in running if not r.prefilling]
+        decoding = [r for r in running if not r.prefilling and not paused(r)]
         work: list[SeqWork] = []
         plans: list[list[int]] = []
         budget = BATCH

@@ -12,7 +12,8 @@ from typing import Any
 from localllm.backends.base import Chunk, Decoding, Drafter, SamplingParams
 from localllm.backends.common import check_request
 from localllm.engine.request import END, Job, Request, Started
-from localllm.engine.scheduler import Admission, Running, Scheduler
+from localllm.engine.scheduler import Scheduler
+from localllm.engine.sequence import Admission, Running
 
 
 class _Alone:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -16,6 +17,9 @@ from localllm.engine.output import Delta, OutputProcessor
 from localllm.engine.request import END, Started
 
 _TIMEOUT = object()
+# unread chunks with no reader waiting: the reader has fallen behind (its client is not
+# taking the frames it was sent); the request is paused until it catches up
+BEHIND_CHUNKS = 64
 
 
 def chunks_of(
@@ -47,6 +51,11 @@ class ChunkStream:
     then only the deadline, or a final chunk, an error or the end, wakes it. A chat
     that redraws five times a second costs the loop five wake-ups a second, not
     one per token; on a machine whose cores all decode, that time is the model's.
+
+    A reader that stops taking chunks (a streaming client that does not read its
+    socket: the frames block in the server's send buffers) is `behind` once
+    BEHIND_CHUNKS wait for it with no read pending; the scheduler then stops decoding
+    it (engine/sequence.py), so the chunks held here stay bounded.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, job_cancel: threading.Event) -> None:
@@ -59,6 +68,19 @@ class ChunkStream:
         self.output: OutputProcessor | None = None  # made from `info`
         self._done = False
         self.on_cancel: Callable[[], None] | None = None  # told once, on cancel()
+        self._behind_since: float | None = None  # written on the worker thread only
+
+    def behind(self) -> float | None:  # called on the worker thread
+        """Seconds since the reader fell behind; None while it keeps up. A reader waiting
+        for its next item (a paced or collecting one sleeping to its deadline) is not
+        behind, however many items wait."""
+        if len(self._items) < BEHIND_CHUNKS or self._waiter is not None:
+            self._behind_since = None
+            return None
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
+        return now - self._behind_since
 
     def feed(self, item: Any) -> None:  # called on the worker thread
         self._items.append(item)

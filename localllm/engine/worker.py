@@ -35,6 +35,7 @@ from localllm.models.sampling import Recommended
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_MAX_S = 3600.0
+PAUSED_LOOK_S = 0.05  # how often an idle worker looks whether a paused stream may go on
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +256,10 @@ class Worker:
         except Exception:
             log.exception("unloading idle models failed")
             return IDLE_WAIT_MAX_S
-        return IDLE_WAIT_MAX_S if soonest is None else min(max(soonest, 0.0), IDLE_WAIT_MAX_S)
+        wait = IDLE_WAIT_MAX_S if soonest is None else min(max(soonest, 0.0), IDLE_WAIT_MAX_S)
+        if any(res.scheduler.paused for res in self.residency.resident.values()):
+            wait = min(wait, PAUSED_LOOK_S)  # a paused reader may have caught up
+        return wait
 
     def _fail_queued(self) -> None:
         error = LocalLLMError(f"the engine stopped: {self.dead}; restart localllm")

@@ -19,6 +19,7 @@ from localllm.engine.accounting import Accounting
 from localllm.engine.client import EngineClient
 from localllm.errors import ConfigError
 from localllm.server.app import close_app, create_app
+from localllm.server.connections import uvicorn_protocol
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,7 @@ def make_server(settings: Settings, engine: EngineClient, accounting: Accounting
     app = create_app(settings, engine, accounting)
     config = uvicorn.Config(
         app,
+        http=uvicorn_protocol(settings),  # bounds on head time and connections per client
         log_level=settings.log_level,
         access_log=False,  # localllm.access writes one JSON line per request instead
         lifespan="off",

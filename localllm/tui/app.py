@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import re
 import sys
@@ -38,6 +39,7 @@ from localllm.engine.stream import ChunkStream
 from localllm.errors import LocalLLMError
 from localllm.hardware import available_memory, process_memory
 from localllm.history import Conversation, History
+from localllm.tui.logview import Notifier
 from localllm.tui.pacing import RedrawPacer
 from localllm.tui.screens.hub_search import HubSearch
 from localllm.units import format_bytes
@@ -144,6 +146,7 @@ class ChatApp(Answering):
         self.conv: Conversation | None = None
         self.generating = False
         self._stream: ChunkStream | None = None
+        self._notifier: Notifier | None = None  # warnings logged meanwhile, as notifications
         self.pacer = pacer or RedrawPacer()
         self.last_copied: str | None = None
 
@@ -175,6 +178,8 @@ class ChatApp(Answering):
 
     async def on_mount(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_S)
+        self._notifier = Notifier(self._log_record)
+        logging.getLogger().addHandler(self._notifier)
         last = self.history.last()
         conv = self.history.get(last) if last else None
         if conv is None:
@@ -220,7 +225,14 @@ class ChatApp(Answering):
         self.status.memory = f"mem {format_bytes(process_memory())}"
         self.status.activity = activity_label(self.engine.status().activity)
 
+    def _log_record(self, message: str, severity: str) -> None:
+        """A warning or error some part logged: a notification (the record is in the
+        chat's log file too; tui/logview.py)."""
+        self.notify(message, title="localllm", severity=severity, timeout=8)  # type: ignore[arg-type]
+
     async def on_unmount(self) -> None:
+        if self._notifier is not None:
+            logging.getLogger().removeHandler(self._notifier)
         if self._stream is not None:
             self._stream.cancel()
         if self.endpoint is not None:

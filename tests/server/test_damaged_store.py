@@ -38,6 +38,20 @@ def many_dimensions(path: Path, n_dims: int) -> Path:
     return header(path, "llama", tensor, 1)
 
 
+def overlapping_tensors(source: Path, path: Path) -> Path:
+    """A copy of `source` whose second tensor's data starts where the first one's does."""
+    import shutil
+
+    import gguf
+
+    shutil.copyfile(source, path)
+    reader = gguf.GGUFReader(path, "r+")
+    first, second = reader.tensors[0], reader.tensors[1]
+    second.field.parts[-1][0] = first.field.parts[-1][0]  # the tensor info's data offset
+    reader.data.flush()
+    return path
+
+
 # name -> what the 400 must say
 DAMAGED = {
     "zeros": "not a GGUF file",
@@ -45,6 +59,7 @@ DAMAGED = {
     "dims": "20,000 dimensions",
     "frobnicator": "unknown model architecture",
     "no-heads": "head",
+    "overlap": "has offset 0, expected",
 }
 # loads, but its template cannot render: 400 template_failed, at once (the other bounds
 # are tests/unit/test_chat_template_bounds.py's)
@@ -64,6 +79,7 @@ def damaged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     many_dimensions(models / "dims.gguf", 20_000)
     header(models / "frobnicator.gguf", "frobnicator")
     copy_with_metadata(starter, models / "no-heads.gguf", {"llama.attention.head_count": 0})
+    overlapping_tensors(starter, models / "overlap.gguf")
     for name, template in TEMPLATES.items():
         copy_with_metadata(starter, models / f"{name}.gguf",
                            {"tokenizer.chat_template": template})
@@ -82,7 +98,7 @@ def test_listings_show_the_good_and_mark_the_damaged(damaged: ServerProcess):
         for name in (*DAMAGED, *TEMPLATES):
             assert name in by_name, (path, sorted(by_name))
         for name, words in DAMAGED.items():
-            if name in ("frobnicator", "no-heads"):  # their headers read fine
+            if name in ("frobnicator", "no-heads", "overlap"):  # their headers read fine
                 continue
             assert words in by_name[name]["damaged"], (path, by_name[name])
 

@@ -408,18 +408,21 @@ def test_keys_and_quotas_apply_to_remote_models(engines: dict):
     env = {**__import__("os").environ, "LOCALLLM_DATA_DIR": str(front.log.parent / "data"),
            "LOCALLLM_CONFIG": str(front.log.parent / "none.toml")}
     made = subprocess.run([sys.executable, "-m", "localllm", "keys", "add", "ci",
-                           "--tokens-per-day", "10"], env=env, capture_output=True, text=True,
+                           "--tokens-per-day", "20"], env=env, capture_output=True, text=True,
                           timeout=60)
     assert made.returncode == 0, made.stderr
     key = made.stdout.strip().splitlines()[-1]
     with pytest.raises(openai.AuthenticationError):
         client_of(front.base).chat.completions.create(model="flaky/canned", messages=ASK)
     keyed = openai.OpenAI(base_url=front.base + "/v1", api_key=key, max_retries=0)
-    for _ in range(2):  # 9 tokens each: the second starts under the quota of 10
-        assert keyed.chat.completions.create(model="flaky/canned", messages=ASK).usage
-    with pytest.raises(openai.RateLimitError) as err:
+    for _ in range(2):  # 9 tokens each; each held against what is left before it is sent
+        reply = keyed.chat.completions.create(model="flaky/canned", messages=ASK)
+        assert reply.usage
+        # no max_tokens asked: the request was cut to what the key had left, and says so
+        assert 0 < (reply.model_extra or {})["quota"]["max_tokens"] < 20
+    with pytest.raises(openai.RateLimitError) as err:  # 2 left: not even the prompt fits
         keyed.chat.completions.create(model="flaky/canned", messages=ASK)
-    assert "10" in body_of(err.value)["message"]
+    assert "of its 20 tokens for today" in body_of(err.value)["message"]
     rows: list = []
     for _ in range(50):  # the usage table is written off the request path
         usage = subprocess.run([sys.executable, "-m", "localllm", "usage", "--json"], env=env,

@@ -74,3 +74,37 @@ async def test_escape_ends_a_held_answer_where_it_stands(
         assert stored.stats["generated_tokens"] == 2
         await wait_for(pilot, lambda: not app.generating, "the chat to be ready again")
         assert shown_answer(app) == "ab"
+
+
+async def test_a_warning_logged_meanwhile_is_a_notification_and_a_file_line(
+    fake_app: tuple[ChatApp, History], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A record logged on another thread while the chat runs (the engine's worker warns
+    when drafting switches off, say) is shown as a notification and written to the chat's
+    log file, never to the terminal the chat draws on."""
+    import logging
+    import threading
+
+    from localllm.tui.logview import logging_to_file
+
+    app, _ = fake_app
+    terminal = logging.StreamHandler()  # what `localllm` sets up before the chat starts
+    root = logging.getLogger()
+    root.addHandler(terminal)
+    try:
+        with logging_to_file(tmp_path) as path:
+            assert terminal not in root.handlers
+            async with app.run_test(size=(100, 30)) as pilot:
+                await wait_for(pilot, lambda: app.status.model == "scripted", "the model")
+                worker = threading.Thread(target=logging.getLogger("localllm.test").warning,
+                                          args=("drafting switched off: %d of %d kept", 1, 9))
+                worker.start()
+                worker.join()
+                await wait_for(pilot, lambda: any(
+                    "drafting switched off: 1 of 9 kept" in str(n.message)
+                    for n in app._notifications), "the notification")
+            assert "drafting switched off: 1 of 9 kept" in path.read_text()
+        assert terminal in root.handlers  # put back once the chat ends
+    finally:
+        root.removeHandler(terminal)
+    assert "drafting switched off" not in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""OpenAI's `/v1/embeddings`: every input embedded in one batched call on the model's
-embedding context (server/serving.py: embed); vectors come back L2-normalised."""
+"""OpenAI's `/v1/embeddings`: the inputs embedded in pieces between other requests' steps
+on the model's embedding context (server/serving.py: embed); vectors come back
+L2-normalised."""
 
 from __future__ import annotations
 

@@ -1,0 +1,98 @@
+"""What the scheduler keeps for each request it runs (`Running`), what the engine works
+out before one starts (`Admission`), the hooks it calls at the points of a request's life
+(`Hooks`), and how it treats a request whose reader has stopped reading (`paused`,
+`stalled`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from localllm.backends.base import Chunk, Drafter, TokenLogprob
+from localllm.backends.common import DraftCounts
+from localllm.backends.textstream import TextAssembler
+from localllm.engine.grammar import Constraint
+from localllm.engine.request import Job, Started
+
+
+@dataclass(eq=False)
+class Running:
+    """One admitted request: its sequence, its prompt read so far, its output so far."""
+
+    job: Job
+    seq: int
+    prompt: list[int]
+    done: int  # prompt tokens in the KV cache (cached ones included)
+    cached: int
+    limit: int  # the most tokens it may generate
+    sampler: Any
+    text: TextAssembler
+    exact: bool
+    high: bool
+    started: Started | None  # sent with the first chunk
+    drafter: Drafter | None
+    arrival: int
+    t0: float
+    t_first: float = 0.0
+    generated: int = 0
+    pending: int | None = None  # sampled and sent, not yet evaluated
+    counts: DraftCounts = field(default_factory=DraftCounts)
+    constraint: Constraint | None = None  # the grammar its output must follow
+    logprobs: int | None = None  # report log probabilities, with this many alternatives
+    picked: TokenLogprob | None = None  # the last sampled token's, when reported
+    held: bool = False  # paused at the last step: its reader is behind (see `paused`)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.pending is None
+
+    def spent(self, text: str) -> bool:
+        """Its token limit is reached, or its time bound (llama-server's t_max_predict_ms,
+        which ends an answer only at a newline) is spent and this piece ends a line."""
+        bound = self.job.request.params.newline_deadline_s
+        late = bound is not None and time.perf_counter() - (self.t_first or self.t0) > bound
+        return self.generated >= self.limit or (late and "\n" in text)
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the engine works out for a request before it can run on a model."""
+
+    prompt: list[int]
+    started: Started
+    drafter: Drafter | None
+    exact: bool
+
+
+class Hooks(Protocol):
+    """What a model's scheduler asks of the engine at the three points of a request's
+    life (engine/lifecycle.py is the one implementation)."""
+
+    def admit(self, job: Job) -> Admission:
+        """The request made ready to run, or the typed error it fails with."""
+        ...
+
+    def prepare(self, prompt: list[int], seq: int, exact: bool) -> None:
+        """Put the best cached KV state for `prompt` into sequence `seq`."""
+        ...
+
+    def ended(self, job: Job, run: Running, final: Chunk | None) -> None:
+        """The request ended: with its final chunk, or None when it failed."""
+        ...
+
+
+def paused(r: Running) -> bool:
+    """Its reader has fallen behind (engine/stream.py's `ChunkStream.reader`): it sits out
+    the decode steps, keeping its sequence, until the reader catches up. The answer is
+    kept in `r.held` for the progress rows (on the worker thread only)."""
+    reader = r.job.reader
+    r.held = reader is not None and not r.prefilling and reader() is not None
+    return r.held
+
+
+def stalled(r: Running) -> bool:
+    """Its reader has taken nothing for longer than its bound: it may be ended to free its
+    sequence for a request that waits for one."""
+    behind = r.job.reader() if r.job.reader is not None else None
+    return behind is not None and behind > r.job.stall_s
