@@ -107,6 +107,37 @@ def test_function_call_round_trip(server: ServerProcess):
     assert json.loads(done.arguments)["city"]
 
 
+def test_free_form_shell_and_hosted_call_items_sent_back(server: ServerProcess):
+    """What agents send back from earlier turns: a free-form tool's call and result
+    (Codex's apply_patch on models that take it), a hosted shell's call, a web search's
+    record. The calls and results are in the prompt; the hosted record is left out."""
+    client = client_of(server)
+    ask = [{"role": "user", "content": "Fix the typo in README."}]
+    history = [
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch",
+         "input": "*** Begin Patch\n*** Update File: README\n-teh\n+the\n*** End Patch"},
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done: 1 file changed"},
+        {"type": "local_shell_call", "call_id": "c2", "status": "completed",
+         "action": {"type": "exec", "command": ["git", "diff", "--stat"]}},
+        {"type": "function_call_output", "call_id": "c2", "output": "README | 2 +-"},
+    ]
+    record = [{"type": "web_search_call", "id": "ws_1", "status": "completed",
+               "action": {"type": "search", "query": "typo"}}]
+    count = client.responses.input_tokens.count
+    alone = count(model="starter", input=ask).input_tokens  # type: ignore[arg-type]
+    called = count(model="starter", input=ask + history).input_tokens  # type: ignore[arg-type]
+    recorded = count(model="starter", input=ask + history + record).input_tokens  # type: ignore[arg-type]
+    assert called > alone + 20  # the patch, the command and both results are read
+    assert recorded == called  # the search record adds nothing the model sees
+    r = client.responses.create(model="starter", input=ask + history + record,  # type: ignore[arg-type]
+                                max_output_tokens=4, temperature=0)
+    assert r.status == "incomplete" and r.usage is not None
+    bad = httpx.post(server.base + "/v1/responses", timeout=60, json={
+        "model": "starter", "input": [*ask, {"type": "compaction", "encrypted_content": "x"}]})
+    assert bad.status_code == 400
+    assert "input item 1 has type 'compaction'" in bad.json()["error"]["message"]
+
+
 def test_structured_output_and_counting(server: ServerProcess):
     client = client_of(server)
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},

@@ -2,8 +2,11 @@
 and how their input items map onto the engine's messages.
 
 Input items: messages (a string, or `input_text` / `output_text` parts; roles user, system,
-developer, assistant), `function_call` and `function_call_output`, and `reasoning` items a
-client sends back (accepted, not rendered: templates leave an earlier turn's thinking out).
+developer, assistant), `function_call` and `function_call_output` (and their free-form
+twins `custom_tool_call` / `custom_tool_call_output`, and `local_shell_call`: rendered as
+tool calls and results), `reasoning` items a client sends back (accepted, not rendered:
+templates leave an earlier turn's thinking out) and hosted tools' call records
+(`web_search_call`, ...: accepted, left out). Any other item type is a 400 naming it.
 Tools: `function` tools are offered to the model; a hosted tool localllm cannot run
 (`web_search`, `file_search`, `code_interpreter`, ...) is left out of what the model sees,
 as the README says; any other kind is a 400 naming it.
@@ -13,9 +16,9 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Discriminator, Field, Tag, field_validator
 
 from localllm.backends.base import Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
@@ -109,7 +112,98 @@ class ReasoningItem(wire.Wire):
     status: str | None = None
 
 
-Item = MessageItem | FunctionCallItem | FunctionOutputItem | ReasoningItem
+class CustomCallItem(wire.Wire):
+    """A call of a free-form tool (Codex's `apply_patch` on models that take it): its
+    `input` is the call's text, sent back as the call's arguments."""
+
+    type: Literal["custom_tool_call"]
+    call_id: wire.Text
+    name: wire.Text
+    input: wire.Text
+    id: str | None = None
+    status: str | None = None
+
+
+class CustomOutputItem(wire.Wire):
+    type: Literal["custom_tool_call_output"]
+    call_id: wire.Text
+    output: wire.Text | list[Part]
+    id: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.output, str):
+            return self.output
+        return "".join(p.plain() for p in self.output)
+
+
+class LocalShellCallItem(wire.Wire):
+    """OpenAI's hosted-shell call (`local_shell` tool): the model's command, kept in the
+    prompt as a `local_shell` call with the action as its arguments."""
+
+    type: Literal["local_shell_call"]
+    call_id: wire.Text
+    action: dict[str, Any]
+    id: str | None = None
+    status: str | None = None
+
+
+class HostedCallItem(wire.Wire):
+    """The record of a hosted tool's call (a web search, say) a client sends back: no such
+    tool was offered here, so the record is accepted and left out of the prompt."""
+
+    type: Literal["web_search_call", "file_search_call", "image_generation_call"]
+    id: str | None = None
+    status: str | None = None
+    action: dict[str, Any] | None = None
+    queries: list[Any] | None = None
+    results: list[Any] | None = None
+    result: str | None = None
+
+
+_KINDS = (
+    "message",
+    "function_call",
+    "function_call_output",
+    "reasoning",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "local_shell_call",
+    "web_search_call",
+    "file_search_call",
+    "image_generation_call",
+)
+
+
+def _kind(value: Any) -> str:
+    """An input item's kind: its `type` (a bare {"role", "content"} is a message)."""
+    kind = value.get("type", "message") if isinstance(value, dict) else value.type
+    hosted = ("web_search_call", "file_search_call", "image_generation_call")
+    return "hosted_call" if kind in hosted else str(kind)
+
+
+Item = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")]
+    | Annotated[CustomCallItem, Tag("custom_tool_call")]
+    | Annotated[CustomOutputItem, Tag("custom_tool_call_output")]
+    | Annotated[LocalShellCallItem, Tag("local_shell_call")]
+    | Annotated[HostedCallItem, Tag("hosted_call")],
+    Discriminator(
+        _kind,
+        custom_error_type="invalid_item_type",
+        custom_error_message="an input item's type must be one of " + ", ".join(_KINDS),
+    ),
+]
+
+
+def _call_of(item: FunctionCallItem | CustomCallItem | LocalShellCallItem) -> ToolCall:
+    if isinstance(item, FunctionCallItem):
+        return ToolCall(item.call_id, item.name, item.arguments)
+    if isinstance(item, CustomCallItem):
+        return ToolCall(item.call_id, item.name, item.input)
+    return ToolCall(item.call_id, "local_shell", json.dumps(item.action))
 
 
 def messages_of(items: list[Item]) -> list[Message]:
@@ -120,15 +214,15 @@ def messages_of(items: list[Item]) -> list[Message]:
     for item in items:
         if isinstance(item, MessageItem):
             out.append(item.message())
-        elif isinstance(item, FunctionCallItem):
-            names[item.call_id] = item.name
-            call = ToolCall(item.call_id, item.name, item.arguments)
+        elif isinstance(item, FunctionCallItem | CustomCallItem | LocalShellCallItem):
+            call = _call_of(item)
+            names[item.call_id] = call.name
             last = out[-1] if out else None
             if last is not None and last.role == "assistant":
                 out[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
             else:
                 out.append(Message("assistant", "", tool_calls=(call,)))
-        elif isinstance(item, FunctionOutputItem):
+        elif isinstance(item, FunctionOutputItem | CustomOutputItem):
             name = names.get(item.call_id)
             out.append(Message("tool", item.text(), tool_call_id=item.call_id, name=name))
     return out
@@ -196,6 +290,19 @@ class ResponsesBody(wire.Wire):
     previous_response_id: str | None = None
     include: list[str] | None = None
     truncation: Literal["disabled", "auto"] | None = None
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _known_items(cls, value: Any) -> Any:
+        """An item of a kind localllm does not take is named, with the kinds it does."""
+        for i, item in enumerate(value if isinstance(value, list) else ()):
+            kind = item.get("type", "message") if isinstance(item, dict) else None
+            if kind is not None and kind not in _KINDS:
+                raise ValueError(
+                    f"input item {i} has type {str(kind)[:40]!r}, which localllm does not "
+                    "take; it takes " + ", ".join(_KINDS)
+                )
+        return value
 
     @functools.cached_property
     def offered(self) -> list[tuple[FunctionTool, str | None]]:
