@@ -90,8 +90,9 @@ class FunctionCallItem(wire.Wire):
     namespace: str | None = None
 
 
-class FunctionOutputItem(wire.Wire):
-    type: Literal["function_call_output"]
+class _Output(wire.Wire):
+    """A tool's result sent back: its call's id and what it returned."""
+
     call_id: wire.Text
     output: wire.Text | list[Part]
     id: str | None = None
@@ -101,6 +102,10 @@ class FunctionOutputItem(wire.Wire):
         if isinstance(self.output, str):
             return self.output
         return "".join(p.plain() for p in self.output)
+
+
+class FunctionOutputItem(_Output):
+    type: Literal["function_call_output"]
 
 
 class ReasoningItem(wire.Wire):
@@ -124,16 +129,8 @@ class CustomCallItem(wire.Wire):
     status: str | None = None
 
 
-class CustomOutputItem(wire.Wire):
+class CustomOutputItem(_Output):
     type: Literal["custom_tool_call_output"]
-    call_id: wire.Text
-    output: wire.Text | list[Part]
-    id: str | None = None
-
-    def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(p.plain() for p in self.output)
 
 
 class LocalShellCallItem(wire.Wire):
@@ -222,7 +219,7 @@ def messages_of(items: list[Item]) -> list[Message]:
                 out[-1] = Message("assistant", last.content, tool_calls=(*last.tool_calls, call))
             else:
                 out.append(Message("assistant", "", tool_calls=(call,)))
-        elif isinstance(item, FunctionOutputItem | CustomOutputItem):
+        elif isinstance(item, _Output):
             name = names.get(item.call_id)
             out.append(Message("tool", item.text(), tool_call_id=item.call_id, name=name))
     return out
