@@ -74,7 +74,8 @@ class ChunkStream:
         """Seconds since the reader fell behind; None while it keeps up. A reader waiting
         for its next item (a paced or collecting one sleeping to its deadline) is not
         behind, however many items wait."""
-        if len(self._items) < BEHIND_CHUNKS or self._waiter is not None:
+        waiter = self._waiter  # one already woken has not come back for its items yet
+        if len(self._items) < BEHIND_CHUNKS or (waiter is not None and not waiter.done()):
             self._behind_since = None
             return None
         now = time.monotonic()
