@@ -136,6 +136,10 @@ def test_free_form_shell_and_hosted_call_items_sent_back(server: ServerProcess):
         "model": "starter", "input": [*ask, {"type": "compaction", "encrypted_content": "x"}]})
     assert bad.status_code == 400
     assert "input item 1 has type 'compaction'" in bad.json()["error"]["message"]
+    for route in ("/v1/responses", "/v1/responses/input_tokens"):  # not items at all
+        for items in ([[None, None]], [5], [{"type": None}]):
+            odd = httpx.post(server.base + route, json={"input": items}, timeout=60)
+            assert odd.status_code == 400, (route, items, odd.text)
 
 
 def test_structured_output_and_counting(server: ServerProcess):

@@ -171,11 +171,13 @@ _KINDS = (
 )
 
 
-def _kind(value: Any) -> str:
-    """An input item's kind: its `type` (a bare {"role", "content"} is a message)."""
-    kind = value.get("type", "message") if isinstance(value, dict) else value.type
+def _kind(value: Any) -> str | None:
+    """An input item's kind: its `type` (a bare {"role", "content"} is a message); None
+    for what is not an item at all (pydantic then says what was expected)."""
+    # a dict from the wire; else a parsed item, or something that is not an item at all
+    kind = value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", None)
     hosted = ("web_search_call", "file_search_call", "image_generation_call")
-    return "hosted_call" if kind in hosted else str(kind)
+    return "hosted_call" if kind in hosted else None if kind is None else str(kind)
 
 
 Item = Annotated[
