@@ -109,11 +109,14 @@ class Job:
         return self.prompt is not None
 
     def end(self, item: Any = END) -> None:
-        """The job's last item: END, or the error it failed with."""
-        self.emit(item)
-        if self.on_end is not None:
-            self.on_end()
-            self.on_end = None
+        """The job's last item: END, or the error it failed with (counted out first, so
+        that whoever hears it ended finds it no longer outstanding)."""
+        on_end, self.on_end = self.on_end, None
+        try:
+            if on_end is not None:
+                on_end()
+        finally:
+            self.emit(item)
 
 
 def end_unstarted(job: Job, model: str) -> None:

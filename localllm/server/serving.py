@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -109,10 +110,9 @@ async def embed(
     tokens, name, done = 0, model or "", 0
     try:
         while done < len(inputs):
-            status = engine.status()
-            busy = status.activity.get("active") or status.queued
-            piece = _piece(inputs, done, EMBED_PIECE_BUSY if busy else EMBED_PIECE_IDLE)
+            piece = _piece(inputs, done, EMBED_PIECE_BUSY if _busy(engine) else EMBED_PIECE_IDLE)
             first = done
+            began = time.monotonic()
 
             def work(
                 loaded: Any, piece: list[str | list[int]] = piece, first: int = first
@@ -130,6 +130,8 @@ async def embed(
             vectors += got
             tokens += n
             done += len(piece)
+            if done < len(inputs):
+                await _share(engine, time.monotonic() - began)
             if left.is_set() and done < len(inputs):
                 log.info("embeddings: the client left after %d of %d inputs", done, len(inputs))
                 raise ClientLeft(done, len(inputs))
@@ -139,11 +141,29 @@ async def embed(
 
 
 # characters of input per piece of embedding work (an input is never split): while other
-# requests run, about a prompt chunk of tokens between two of their steps; when nothing
-# else does, about a thousand (larger pieces were no faster: 64 inputs of 1 KB on the
-# starter took 157 s in one call and 118-125 s in pieces of 1 to 8)
+# requests run, about a prompt chunk of tokens, and then as long again left to them (_share);
+# when nothing else does, about five hundred tokens, which is what a request that comes
+# meanwhile waits at most (larger pieces were no faster: 64 inputs of 1 KB on the starter
+# took 157 s in one call and 118-125 s in pieces of 1 to 8)
 EMBED_PIECE_BUSY = 512
-EMBED_PIECE_IDLE = 4096
+EMBED_PIECE_IDLE = 2048
+EMBED_YIELD_MAX_S = 5.0
+EMBED_YIELD_LOOK_S = 0.02
+
+
+def _busy(engine: EngineClient) -> bool:
+    """Whether other requests run or wait (counted now, not at the last step)."""
+    status = engine.status()
+    return bool(status.activity.get("active") or status.queued)
+
+
+async def _share(engine: EngineClient, spent: float) -> None:
+    """After a piece that took `spent` seconds: while others run, leave the worker to them
+    for as long again (at most EMBED_YIELD_MAX_S), so that a stream beside a long embedding
+    job decodes at about half its speed rather than a token per piece."""
+    deadline = time.monotonic() + min(spent, EMBED_YIELD_MAX_S)
+    while _busy(engine) and time.monotonic() < deadline:
+        await asyncio.sleep(EMBED_YIELD_LOOK_S)
 
 
 def _piece(inputs: list[str | list[int]], start: int, chars: int) -> list[str | list[int]]:
