@@ -112,9 +112,13 @@ def test_format_schema_and_json(http: httpx.Client):
         "messages": [{"role": "user", "content": "An animal as JSON"}],
         "options": {"temperature": 0.7, "seed": 4}})
     jsonschema.validate(json.loads(r.json()["message"]["content"]), schema)
+    # greedy: a sampled answer here hangs on the prompt cache's state (the prefill's
+    # numerics differ with what is cached, and one seed then wrote numbers until the
+    # context was full); num_predict makes a looping answer fail fast, as "length"
     g = http.post("/api/generate", json={
         "model": "starter", "prompt": "A JSON object about a city", "format": "json",
-        "stream": False, "options": {"seed": 2, "temperature": 0.8, "frequency_penalty": 0.5}})
+        "stream": False, "options": {"temperature": 0, "frequency_penalty": 0.5,
+                                     "num_predict": 400}})
     assert g.json()["done_reason"] == "stop"
     assert isinstance(json.loads(g.json()["response"]), dict)
 
