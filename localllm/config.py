@@ -84,6 +84,7 @@ class RouteRule:
 
 
 MAX_KEEP_ALIVE_S = 366 * 24 * 3600  # a keep-alive longer than a year is a mistake
+KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what one KV element is stored as
 DEFAULT_PARALLEL = 4  # sequences per model when the `parallel` setting is not given
 SPECULATE_MODES = ("off", "lookup", "draft", "auto")  # speculative decoding
 
@@ -101,6 +102,7 @@ class Settings:
     n_gpu_layers: int = -1  # -1: every layer when the build can offload
     max_queue: int = 16  # requests waiting or running before 503
     parallel: int | None = None  # sequences decoded together per model; None: 4 if they fit
+    kv_cache_type: str = "f16"  # f16 | q8_0 | q4_0: a quantized KV cache fits longer contexts
     deterministic: bool = False  # requests run alone, output independent of the cache
     max_body_bytes: int = 8 * 1024 * 1024
     stream_interval_ms: int = 20  # streamed text is framed at most this often (first at once)
@@ -387,6 +389,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(f"max_loaded_models must be at least 1, got {s.max_loaded_models}")
     if s.memory_budget_mb is not None and s.memory_budget_mb < 1:
         raise ConfigError(f"memory_budget_mb must be at least 1, got {s.memory_budget_mb}")
+    if s.kv_cache_type not in KV_CACHE_TYPES:
+        raise ConfigError(
+            f"kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got '{s.kv_cache_type}'"
+        )
     if s.parallel is not None and not 1 <= s.parallel <= 64:
         raise ConfigError(f"parallel must be 1 to 64, got {s.parallel}")
     if s.max_queue < 1:

@@ -46,10 +46,18 @@ def copy_with_metadata(
     return dst
 
 
-def tiny_bert(dst: Path, *, pooling: int = 2, seed: int = 0) -> Path:
+def tiny_bert(
+    dst: Path, *, pooling: int = 2, seed: int = 0, head: tuple[float, float] | None = None
+) -> Path:
     """A two-layer BERT embedding model (32 wide) with random weights and a small
     WordPiece vocabulary, pooling CLS (2) by default: what llama.cpp needs to run the
-    BERT family, for the embedding path's shape and pooling (not for quality)."""
+    BERT family, for the embedding path's shape and pooling (not for quality).
+
+    With `head` (scale, bias): a reranker (rank pooling, 4) with a classification head,
+    a dense layer then one output whose weights are random times `scale` plus `bias`
+    (scale 0: every pair scores exactly `bias`)."""
+    if head is not None:
+        pooling = 4
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -107,6 +115,12 @@ def tiny_bert(dst: Path, *, pooling: int = 2, seed: int = 0) -> Path:
         t(f"blk.{i}.ffn_down.bias", n_embd, scale=0.02)
         ones(f"blk.{i}.layer_output_norm.weight", n_embd)
         t(f"blk.{i}.layer_output_norm.bias", n_embd, scale=0.0)
+    if head is not None:
+        scale, bias = head
+        t("cls.weight", n_embd, n_embd, scale=0.5)
+        t("cls.bias", n_embd, scale=0.1)
+        t("cls.output.weight", 1, n_embd, scale=scale)
+        w.add_tensor("cls.output.bias", np.array([bias], dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -183,6 +183,7 @@ class LoadOptions:
     n_gpu_layers: int = -1  # -1: all layers when the build can offload
     progress: Callable[[float], None] | None = None  # 0.0 .. 1.0 while loading
     n_seq: int = 1  # sequences decoded together, each with a KV share of n_ctx tokens
+    kv_type: str = "f16"  # f16 | q8_0 | q4_0: what the KV cache stores (config KV_CACHE_TYPES)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -289,7 +290,7 @@ class KVStateful(Protocol):
 
 
 class Scorer(Protocol):
-    """Reading text rather than writing it: perplexity and embeddings."""
+    """Reading text rather than writing it: perplexity, embeddings and reranking."""
 
     def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:
         """ln P(tokens[i] | tokens[:i]) for i from `start` on, from a fresh context (perplexity).
@@ -310,6 +311,15 @@ class Scorer(Protocol):
         `pooling` ("mean", "cls", "last"). InvalidRequest where the backend cannot embed;
         an error about one input names it by its index in the request (`first` is that of
         inputs[0], when the request's inputs come in pieces)."""
+        ...
+
+    def rerank(
+        self, query: str, documents: Sequence[str], *, first: int = 0, cut: str | None = None
+    ) -> tuple[list[float], int]:
+        """Each document's relevance to the query (a reranker's classifier output, in the
+        documents' order), and the tokens read. A pair longer than the reranker takes has
+        its document cut from the end (cut "right") or the start ("left"), or is refused
+        (None). InvalidRequest (`not_a_reranker`) for a model without a ranking head."""
         ...
 
 
@@ -381,13 +391,24 @@ class LoadedModel(Decoding, KVStateful, Drafting, Scorer, Protocol):
 class MemoryProfile:
     """How a backend holds a model in memory, for the estimate made before it loads."""
 
-    kv_dtype: Literal["f16", "f32"]  # what one KV element is stored as
+    kv_dtype: str  # what one KV element is stored as: f32, f16, q8_0 or q4_0
     gpu_offload: bool  # whether its layers go to a GPU's memory (then VRAM is what counts)
+    quantized_kv: bool = True  # whether it stores the KV as kv_cache_type says (else its own)
 
     @property
-    def kv_scale(self) -> int:
+    def kv_scale(self) -> float:
         """The KV cache's size against an f16 one."""
-        return 2 if self.kv_dtype == "f32" else 1
+        return KV_SCALE[self.kv_dtype]
+
+    def with_kv_type(self, kv_type: str) -> MemoryProfile:
+        """The profile with the KV cache stored as `kv_type` (f16: as the backend keeps it)."""
+        if kv_type == "f16" or not self.quantized_kv:
+            return self
+        return replace(self, kv_dtype=kv_type)
+
+
+# bytes per KV element against f16: ggml's q8_0 keeps 32 values in 34 bytes, q4_0 in 18
+KV_SCALE = {"f32": 2.0, "f16": 1.0, "q8_0": 34 / 64, "q4_0": 18 / 64}
 
 
 CPU_F16 = MemoryProfile("f16", gpu_offload=False)  # llama.cpp's KV on a CPU; the fallback

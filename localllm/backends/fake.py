@@ -244,6 +244,11 @@ class FakeModel:
     ) -> tuple[list[list[float]], int]:
         raise InvalidRequest("the scripted model does not embed")
 
+    def rerank(
+        self, query: str, documents: Sequence[str], *, first: int = 0, cut: str | None = None
+    ) -> tuple[list[float], int]:
+        raise InvalidRequest("the scripted model does not rerank", code="not_a_reranker")
+
     def close(self) -> None:
         pass  # nothing is held
 

@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import itertools
 import logging
+import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -27,6 +28,7 @@ import numpy as np
 from localllm.backends import lazy_pages
 from localllm.backends.base import (
     DEFAULT_MAX_CTX,
+    KV_SCALE,
     FimTokens,
     KVSnapshot,
     LoadOptions,
@@ -48,7 +50,7 @@ from localllm.backends.common import (
     pick_logprobs,
     reusable_prefix,
 )
-from localllm.backends.llamacpp_embed import Embedder
+from localllm.backends.llamacpp_embed import Embedder, rank_layout, rank_row
 from localllm.backends.llamacpp_native import (
     device_name,
     gpu_offload,
@@ -58,10 +60,11 @@ from localllm.backends.llamacpp_native import (
     load_quietly,
     native,
 )
-from localllm.errors import LocalLLMError, ModelLoadError
+from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
 log = logging.getLogger(__name__)
+_GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml.h's GGML_TYPE_* of each KV type
 
 PENALTY_LAST_N = 64
 
@@ -126,13 +129,16 @@ class LlamaCppModel:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.no_perf = True
+        # a quantized V needs flash attention, which llama.cpp then turns on by itself
+        cparams.type_k = cparams.type_v = _GGML_TYPES[options.kv_type]
         ctx, self.kv_released = lazy_pages.allocate_lazily(
             lambda: ll.llama_init_from_model(model, cparams),
-            self._kv_bytes(model, total) if n_gpu == 0 else 0,
+            self._kv_bytes(model, total, options.kv_type) if n_gpu == 0 else 0,
         )
         if not ctx:
             ll.llama_model_free(model)
-            raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens")
+            kv = f" with a {options.kv_type} KV cache" if options.kv_type != "f16" else ""
+            raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens{kv}")
         self._ctx = ctx
         self._mem = ll.llama_get_memory(ctx)
         self._kvs = [KVLedger() for _ in range(n_seq)]
@@ -146,11 +152,12 @@ class LlamaCppModel:
         self._piece_buf = ctypes.create_string_buffer(256)
         self._one = (ll.llama_token * 1)()
         self.info = self._describe(ref, n_ctx, n_ctx_train, device_name(ll, n_gpu), threads)
+        self.info.extra["kv_type"] = options.kv_type
         if options.progress is not None:
             options.progress(1.0)
 
-    def _kv_bytes(self, model: Any, n_ctx: int) -> int:
-        """The f16 KV cache llama.cpp allocates for n_ctx tokens (0: a cache of another kind)."""
+    def _kv_bytes(self, model: Any, n_ctx: int, kv_type: str) -> int:
+        """The KV cache llama.cpp allocates for n_ctx tokens (0: a cache of another kind)."""
         ll = self._ll
         if ll.llama_model_is_recurrent(model) or ll.llama_model_is_hybrid(model):
             return 0
@@ -159,7 +166,7 @@ class LlamaCppModel:
             return 0
         head_dim = int(ll.llama_model_n_embd(model)) // n_head
         per_token = int(ll.llama_model_n_layer(model)) * 2 * int(ll.llama_model_n_head_kv(model))
-        return n_ctx * per_token * head_dim * 2
+        return math.ceil(n_ctx * per_token * head_dim * 2 * KV_SCALE[kv_type])
 
     # -- metadata ------------------------------------------------------------------
     def _describe(
@@ -556,6 +563,27 @@ class LlamaCppModel:
             for x in inputs
         ]
         return self._embedder.embed(rows, self.info, pooling, first)
+
+    def rerank(
+        self, query: str, documents: Sequence[str], *, first: int = 0, cut: str | None = None
+    ) -> tuple[list[float], int]:
+        ll = self._ll
+        if ll.llama_pooling_type(self._ctx) != ll.LLAMA_POOLING_TYPE_RANK:
+            raise InvalidRequest(
+                f"{self.info.id} is not a reranking model (its GGUF does not pool by rank); "
+                "load a reranker GGUF, such as bge-reranker-v2-m3 or jina-reranker-v2, and "
+                "name it in `model`",
+                param="model",
+                code="not_a_reranker",
+            )
+        layout = rank_layout(ll, self._model, self.info)
+
+        def tokenize(text: str, special: bool) -> list[int]:
+            return self._tokenize(text.encode("utf-8"), add_special=False, parse_special=special)
+
+        limit = self._embedder.rank_limit(self.info)
+        rows = [rank_row(tokenize, layout, query, d, limit=limit, cut=cut) for d in documents]
+        return self._embedder.rank(rows, self.info, first), sum(len(r) for r in rows)
 
     def close(self) -> None:
         if getattr(self, "_embedder", None) is not None:

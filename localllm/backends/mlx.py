@@ -48,6 +48,13 @@ from localllm.backends.common import (
     reusable_prefix,
     vocab_fingerprint,
 )
+from localllm.backends.mlx_meta import (
+    EOG_NAMES,
+    gpt2_byte_decoder,
+    quant_label,
+    read_json,
+    token_text,
+)
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import apple_silicon
 from localllm.provenance import imported_quant, read_provenance
@@ -57,22 +64,6 @@ log = logging.getLogger(__name__)
 PENALTY_LAST_N = 64  # as on llama.cpp
 _NEEDS = ("mlx", "mlx_lm", "tokenizers")
 _RAW = {2: "uint16", 4: "uint32"}  # an unsigned type of each float width, to move raw bits
-# Names that end a turn in common chat formats; added tokens with these names stop
-# generation like the configured end-of-sequence ids (llama.cpp does the same).
-_EOG_NAMES = (
-    "<|endoftext|>",
-    "<|im_end|>",
-    "<|eot_id|>",
-    "<|end_of_text|>",
-    "<|end|>",
-    "<end_of_turn>",
-    "<|return|>",
-    "</s>",
-    # a repository marker starts a new file in code models; llama.cpp ends there too
-    "<|fim_repo|>",
-    "<|repo_name|>",
-    "<reponame>",
-)
 
 
 def mlx_device() -> str:
@@ -80,23 +71,6 @@ def mlx_device() -> str:
     import mlx.core as mx
 
     return "metal" if mx.default_device() == mx.gpu else "cpu"
-
-
-def _gpt2_byte_decoder() -> dict[str, int]:
-    """The inverse of GPT-2's byte-to-printable-character table used by byte-level BPE."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("\u00a1"), ord("\u00ac") + 1),
-        *range(ord("\u00ae"), ord("\u00ff") + 1),
-    ]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            table[chr(b)] = b
-        else:
-            table[chr(256 + extra)] = b
-            extra += 1
-    return table
 
 
 class MlxBackend:
@@ -113,7 +87,10 @@ class MlxBackend:
 
     def memory_profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
         # on Apple Silicon the KV is f16 in unified memory; on a CPU MLX computes in f32
-        return MemoryProfile("f16" if apple_silicon() else "f32", gpu_offload=False)
+        # kv_cache_type is not applied here yet (mlx-lm's quantized cache keeps its arrays
+        # in another layout than the one the KV states below read and write)
+        kv = "f16" if apple_silicon() else "f32"
+        return MemoryProfile(kv, gpu_offload=False, quantized_kv=False)
 
     def load(self, ref: ModelRef, options: LoadOptions) -> MlxModel:
         return MlxModel(ref, options)
@@ -151,13 +128,20 @@ class MlxModel:
         self._model: Any = model
         self._tok = tokenizer
         self._make_cache = lambda: make_prompt_cache(model)
+        if options.kv_type != "f16":
+            log.warning(
+                "%s runs on MLX, whose KV cache localllm keeps unquantized: kv_cache_type "
+                "%s applies to llama.cpp models only",
+                ref.name,
+                options.kv_type,
+            )
         self.n_seq = max(1, options.n_seq)
         self._caches: list[list[Any]] = [self._make_cache() for _ in range(self.n_seq)]
         self._kvs = [KVLedger() for _ in range(self.n_seq)]
         self._kv = self._kvs[0]  # the draft-model calls use sequence 0
         self._logits: dict[int, Any] = {}  # seq -> its logits rows in the last step
         self._exact: bool | None = None  # exact_batches(), probed once when first asked
-        self._tok_config = _read_json(folder / "tokenizer_config.json")
+        self._tok_config = read_json(folder / "tokenizer_config.json")
         self._pieces = self._piece_table(folder)
         self.info = self._describe(ref, folder, config, options)
         report(1.0)
@@ -172,13 +156,13 @@ class MlxModel:
         specials = {a.content for a in tok.get_added_tokens_decoder().values() if a.special}
         eos = config.get("eos_token_id")
         eog = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        gen = _read_json(folder / "generation_config.json").get("eos_token_id")
+        gen = read_json(folder / "generation_config.json").get("eos_token_id")
         eog |= set(gen if isinstance(gen, list) else [gen] if gen is not None else [])
-        eog |= {i for i, t in enumerate(texts) if t in _EOG_NAMES and t in specials}
-        eos_id = tok.token_to_id(_token_text(tc.get("eos_token")) or "\x00")
+        eog |= {i for i, t in enumerate(texts) if t in EOG_NAMES and t in specials}
+        eos_id = tok.token_to_id(token_text(tc.get("eos_token")) or "\x00")
         if eos_id is not None:
             eog.add(int(eos_id))
-        bos_text = _token_text(tc.get("bos_token"))
+        bos_text = token_text(tc.get("bos_token"))
         bos_id = tok.token_to_id(bos_text) if bos_text else config.get("bos_token_id")
         add_bos = bool(tc.get("add_bos_token", False)) or self._post_processor_adds(bos_id)
         template = tc.get("chat_template")
@@ -205,7 +189,7 @@ class MlxModel:
             eog_ids=frozenset(int(i) for i in eog),
             bos_id=int(bos_id) if bos_id is not None else None,
             add_bos=add_bos,
-            quant=imported or _quant_label(config),
+            quant=imported or quant_label(config),
             vocab_fingerprint=vocab_fingerprint(texts),
             fim=FimTokens(*fim) if fim else None,
             extra=extra,
@@ -225,11 +209,11 @@ class MlxModel:
         tok = self._tok
         size = tok.get_vocab_size(with_added_tokens=True)
         added = tok.get_added_tokens_decoder()
-        raw = _read_json(folder / "tokenizer.json")
+        raw = read_json(folder / "tokenizer.json")
         decoder = json.dumps(raw.get("decoder") or {})
         pieces: list[bytes] = []
         if '"ByteLevel"' in decoder:
-            table = _gpt2_byte_decoder()
+            table = gpt2_byte_decoder()
             for i in range(size):
                 text = tok.id_to_token(i) or ""
                 if i in added:
@@ -268,8 +252,8 @@ class MlxModel:
         return chat_tokens(
             info.chat_template,
             messages,
-            bos_text=_token_text(self._tok_config.get("bos_token")) or "",
-            eos_text=_token_text(self._tok_config.get("eos_token")) or "",
+            bos_text=token_text(self._tok_config.get("bos_token")) or "",
+            eos_text=token_text(self._tok_config.get("eos_token")) or "",
             tokenize_special=lambda text: self.tokenize(text, special=True),
             add_bos=info.add_bos,
             bos_id=info.bos_id,
@@ -575,6 +559,16 @@ class MlxModel:
             code="embeddings_not_supported",
         )
 
+    def rerank(
+        self, query: str, documents: Sequence[str], *, first: int = 0, cut: str | None = None
+    ) -> tuple[list[float], int]:
+        raise InvalidRequest(
+            f"{self.info.id} runs on MLX, and mlx-lm has no reranking head; use a GGUF "
+            "reranker (llama.cpp) for /v1/rerank",
+            param="model",
+            code="rerank_not_supported",
+        )
+
     def close(self) -> None:
         self._caches = [[] for _ in self._caches]
         for kv in self._kvs:
@@ -582,25 +576,3 @@ class MlxModel:
         self._model = None
         with contextlib.suppress(AttributeError):  # older MLX has no clear_cache
             self._mx.clear_cache()
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _token_text(value: Any) -> str | None:
-    """tokenizer_config.json names tokens as strings or as {"content": ...} objects."""
-    if isinstance(value, dict):
-        value = value.get("content")
-    return value if isinstance(value, str) else None
-
-
-def _quant_label(config: dict[str, Any]) -> str:
-    q = config.get("quantization") or config.get("quantization_config")
-    if isinstance(q, dict) and q.get("bits"):
-        return f"mlx-{q['bits']}bit (group {q.get('group_size', '?')})"
-    return str(config.get("torch_dtype") or config.get("dtype") or "float16").upper()

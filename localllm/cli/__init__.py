@@ -61,6 +61,7 @@ SETTING_FLAGS = (
     "speculate",
     "draft_model",
     "parallel",
+    "kv_cache_type",
     "deterministic",
     "no_auth",
 )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from localllm.config import DEFAULT_PORT, SPECULATE_MODES, Settings
+from localllm.config import DEFAULT_PORT, KV_CACHE_TYPES, SPECULATE_MODES, Settings
 
 if TYPE_CHECKING:
     from localllm.backends.base import ModelRef
@@ -116,6 +116,7 @@ def model_flags(p: argparse.ArgumentParser, *, model_flag: str = "model") -> Non
         help="CPU threads (default: physical cores)",
     )
     backend_flag(p)
+    kv_flag(p)
     force_flag(p)
     speculate_flags(p)
     batch_flags(p)
@@ -158,6 +159,15 @@ def force_flag(p: argparse.ArgumentParser) -> None:
         dest="force_load",
         default=None,
         help="load the model even if the memory estimate says it will not fit",
+    )
+
+
+def kv_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kv-cache-type",
+        choices=KV_CACHE_TYPES,
+        help="what the KV cache stores: f16 (default), q8_0 (about half the memory) or "
+        "q4_0 (about a quarter), for longer contexts in the same memory",
     )
 
 

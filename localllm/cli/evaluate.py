@@ -9,6 +9,7 @@ from typing import Any
 
 from localllm.cli.common import (
     backend_flag,
+    kv_flag,
     positive_int,
     progress_printer,
 )
@@ -34,6 +35,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--threads", type=positive_int, dest="n_threads", help="CPU threads (default: cores)"
     )
     backend_flag(evaluate)
+    kv_flag(evaluate)
     evaluate.set_defaults(run=run)
 
 
@@ -50,6 +52,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         models_dir=settings.models_dir,
         window=args.window,
         n_threads=args.n_threads,
+        kv_type=settings.kv_cache_type,
     )
     try:
         result = perplexity(
@@ -61,8 +64,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         )
         where = str(args.file) if args.file else HELDOUT_LABEL
         window = min(args.window, model.info.n_ctx)
+        kv = f", KV {settings.kv_cache_type}" if settings.kv_cache_type != "f16" else ""
         print(
-            f"{ref.name} ({model.info.backend}, {model.info.quant}): perplexity "
+            f"{ref.name} ({model.info.backend}, {model.info.quant}{kv}): perplexity "
             f"{result.value:.3f} over {result.scored:,} tokens ({result.windows} "
             f"window{'s' if result.windows != 1 else ''} of "
             f"{window}, second halves scored) of {where}"

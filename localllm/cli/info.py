@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from localllm.cli.common import (
     backend_flag,
     device_of,
+    kv_flag,
     positive_int,
     print_json,
     sampling_line,
@@ -31,6 +33,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "--ctx", type=positive_int, dest="n_ctx", help="context size for the memory estimate"
     )
     backend_flag(info)
+    kv_flag(info)
     info.set_defaults(run=run)
 
 
@@ -39,7 +42,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.engine.load_plan import Planner
     from localllm.engine.placement import plan
     from localllm.models.convert import find_import
-    from localllm.models.gguf import read_meta
+    from localllm.models.gguf import capabilities, read_meta
     from localllm.models.sampling import recommended
     from localllm.models.store import ModelStore
     from localllm.units import format_bytes, format_params
@@ -51,7 +54,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     load = Planner(settings, store).plan(ref, strict=False)  # what a load would do
     profile = load.profile
     kv_type, kv_scale = profile.kv_dtype, profile.kv_scale
-    kv_per_token = meta.kv_bytes_per_token * kv_scale
+    kv_per_token = math.ceil(meta.kv_bytes_per_token * kv_scale)
     try:
         chosen = plan(ref, settings.backend, settings.models_dir)
         backend_line = f"{chosen.backend} ({chosen.text})"
@@ -89,6 +92,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         ("memory", _memory_line(settings, need, profile.gpu_offload)),
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
+        ("capabilities", ", ".join(capabilities(meta, ref.format))),
         ("sampling", sampling_line(rec)),
     ]
     described = len(fields)  # what follows (imports, provenance, drafts) is text
@@ -126,6 +130,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 "memory_bytes": need.total,
                 "chat_template": bool(meta.chat_template),
                 "fill_in_middle": bool(meta.fim_ids),
+                "capabilities": capabilities(meta, ref.format),
                 "sampling": {"recommended": rec.values, "source": rec.source},
                 "backend": backend_line,
                 "device": device or None,

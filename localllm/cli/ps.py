@@ -124,7 +124,7 @@ def _print_loaded(models: list[dict[str, Any]]) -> None:
                 str(m.get("n_ctx")),
                 f"{m.get('active', 0)}/{m.get('parallel', 1)} active",
                 format_bytes(int(m.get("memory_bytes") or 0)),
-                format_bytes(int(m.get("kv_bytes") or 0)),
+                f"{format_bytes(int(m.get('kv_bytes') or 0))} {m.get('kv_type') or ''}".strip(),
                 f"{m.get('idle_s') or 0:.0f} s",
                 until,
             )

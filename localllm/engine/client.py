@@ -59,6 +59,7 @@ class LoadedRow:
     keep_alive: float | None  # idle seconds before it unloads; None: never
     requests: int
     draft_for: str | None
+    kv_type: str = "f16"  # what its KV cache stores (f32, f16, q8_0, q4_0)
 
     def as_dict(self, now: float) -> dict[str, Any]:
         """The row /health, `localllm ps` and Ollama's /api/ps show, its clocks read at `now`."""
@@ -74,6 +75,7 @@ class LoadedRow:
             "n_ctx": self.n_ctx,
             "memory_bytes": self.memory_bytes,
             "kv_bytes": self.kv_bytes,
+            "kv_type": self.kv_type,
             "parallel": self.parallel,
             "active": self.active,
             "waiting": self.waiting,

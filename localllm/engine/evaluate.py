@@ -109,13 +109,14 @@ def load_for_eval(
     models_dir: Path,
     window: int = DEFAULT_WINDOW,
     n_threads: int | None = None,
+    kv_type: str = "f16",
 ) -> LoadedModel:
     """Load a model with a context of one window, on the backend `plan` picks."""
     from localllm.engine.placement import plan, prepare
 
     chosen = plan(ref, backend, models_dir)
     loader, target = prepare(ref, chosen, models_dir)
-    return loader.load(target, LoadOptions(n_ctx=window, n_threads=n_threads))
+    return loader.load(target, LoadOptions(n_ctx=window, n_threads=n_threads, kv_type=kv_type))
 
 
 def measure(

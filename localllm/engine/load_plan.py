@@ -58,13 +58,16 @@ class Planner:
         return LoadPlan(profile, n, need)
 
     def _profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
-        """How the backend that would load `ref` holds it (its KV dtype, GPU or not)."""
+        """How the backend that would load `ref` holds it (its KV dtype, as the
+        kv_cache_type setting has it, GPU or not)."""
+        kv_type = self.settings.kv_cache_type
         if self._backends is not None:
             try:
-                return self._given_backend(ref).memory_profile(ref, n_ctx)
+                return self._given_backend(ref).memory_profile(ref, n_ctx).with_kv_type(kv_type)
             except BackendUnavailable:
-                return CPU_F16  # the load says why
-        return placement.memory_profile(ref, self.backend, self.settings.models_dir, n_ctx)
+                return CPU_F16.with_kv_type(kv_type)  # the load says why
+        found = placement.memory_profile(ref, self.backend, self.settings.models_dir, n_ctx)
+        return found.with_kv_type(kv_type)
 
     def _given_backend(self, ref: ModelRef) -> Backend:
         """Of the backends the engine was given, the first that loads `ref` (and is the

@@ -204,6 +204,7 @@ class Residency(Planner):
             n_gpu_layers=self.settings.n_gpu_layers,
             progress=progress,
             n_seq=need.n_seq,
+            kv_type=self.settings.kv_cache_type,
         )
         try:
             model, reason, target = self._load_with_backend(ref, options)

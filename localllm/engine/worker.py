@@ -126,6 +126,7 @@ class Worker:
                     keep_alive=res.keep_alive,
                     requests=res.requests,
                     draft_for=res.draft_for,
+                    kv_type=res.profile.kv_dtype,
                 )
             )
         self._status = EngineStatus(

@@ -10,6 +10,7 @@ which stays above that and grows with larger models.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from localllm.backends.base import ModelRef, default_n_ctx
@@ -78,7 +79,7 @@ class Estimate:
         return 0
 
     def with_draft(
-        self, draft: ModelRef | None, *, target: ModelRef | None = None, kv_scale: int = 1
+        self, draft: ModelRef | None, *, target: ModelRef | None = None, kv_scale: float = 1.0
     ) -> Estimate:
         """The same load with a draft model beside it, at the same context (alone when there
         is none, or when the target is the draft model itself)."""
@@ -99,14 +100,14 @@ def buffers(weights: int) -> int:
 
 
 def from_meta(
-    name: str, meta: ModelMeta | None, weights: int, n_ctx: int | None, *, kv_scale: int = 1
+    name: str, meta: ModelMeta | None, weights: int, n_ctx: int | None, *, kv_scale: float = 1.0
 ) -> Estimate:
     """The estimate from a header already read (None: unreadable, the weights are all we
-    know). `kv_scale` 2: f32 KV."""
+    know). `kv_scale`: the KV's size against f16 (2: f32; below 1: quantized)."""
     if meta is None:
         return Estimate(name, weights, 0, buffers(weights), n_ctx or 0, 0)
     n = n_ctx or default_n_ctx(meta.n_ctx_train)
-    per_token = meta.kv_bytes_per_token * kv_scale
+    per_token = math.ceil(meta.kv_bytes_per_token * kv_scale)
     return Estimate(name, weights, per_token * n, buffers(weights), n, per_token)
 
 
@@ -118,7 +119,7 @@ def trained_context(ref: ModelRef) -> int:
         return 0
 
 
-def estimate(ref: ModelRef, n_ctx: int | None = None, *, kv_scale: int = 1) -> Estimate:
+def estimate(ref: ModelRef, n_ctx: int | None = None, *, kv_scale: float = 1.0) -> Estimate:
     """The estimate for a local model, from its header (no weights are read). A damaged
     header is refused here, before any backend reads the file."""
     try:
@@ -160,7 +161,7 @@ def free_memory(*, gpu_offload: bool = False, budget_mb: int | None = None) -> F
 
 
 def default_context(
-    ref: ModelRef, room: Free, n_seq: int, *, kv_scale: int = 1, floor: int = 4096
+    ref: ModelRef, room: Free, n_seq: int, *, kv_scale: float = 1.0, floor: int = 4096
 ) -> int:
     """The context a model gets unless told: the trained one, halved while its load (with
     KV for n_seq sequences) would not fit in `room` or its KV would take more than half

@@ -18,6 +18,9 @@ log = logging.getLogger(__name__)
 GGUF_MAGIC = b"GGUF"
 
 
+RANK_POOLING = 4  # llama.h's LLAMA_POOLING_TYPE_RANK
+
+
 @dataclass(frozen=True, slots=True)
 class GGUFMeta:
     path: Path
@@ -42,6 +45,11 @@ class GGUFMeta:
     # the sampling its makers recommend, as SamplingParams fields (GGUF general.sampling.*,
     # an MLX folder's generation_config.json)
     sampling: tuple[tuple[str, float], ...] = ()
+    pooling: int = 0  # llama.cpp's pooling type ({arch}.pooling_type): 4 is a reranker's
+
+    @property
+    def reranker(self) -> bool:
+        return self.pooling == RANK_POOLING
 
     @property
     def truncated(self) -> bool:
@@ -383,6 +391,7 @@ def _meta(path: Path, fields: dict[str, Any], tensors: list[_Tensor], data_start
         data_start=data_start,
         data_end=_data_end(tensors, data_start),
         sampling=_sampling(fields, GGUF_SAMPLING),
+        pooling=arch_int("pooling_type"),
     )
 
 
@@ -396,6 +405,20 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
             raise ValueError(f"a safetensors header of {n} bytes")
         header = json.loads(fh.read(n))
     return header if isinstance(header, dict) else {}
+
+
+def capabilities(meta: ModelMeta, fmt: str = "gguf") -> list[str]:
+    """Every model can call tools here (a template without tools gets the generic format);
+    fill-in-the-middle where the vocabulary has the tokens; embeddings on llama.cpp; a
+    reranker (rank pooling) only ranks."""
+    if meta.reranker:
+        return ["rerank"]
+    out = ["completion", "tools"]
+    if meta.fim_ids:
+        out.append("insert")
+    if fmt == "gguf":
+        out.append("embedding")
+    return out
 
 
 def read_mlx_dir(path: Path) -> ModelMeta:

@@ -20,6 +20,7 @@ from localllm.server.admin import router as admin_router
 from localllm.server.anthropic.routes import router as anthropic_router
 from localllm.server.errors import install_error_handlers
 from localllm.server.guard import Guard, origin_pattern
+from localllm.server.llamacpp.rerank import router as rerank_router
 from localllm.server.llamacpp.routes import router as llamacpp_router
 from localllm.server.metrics import Telemetry
 from localllm.server.ollama.embeddings import router as ollama_embeddings_router
@@ -110,6 +111,7 @@ def create_app(
     app.include_router(embeddings_router)
     app.include_router(ollama_embeddings_router)
     app.include_router(llamacpp_router)
+    app.include_router(rerank_router)
     app.include_router(responses_router)
     install_openapi(app)
 
@@ -128,6 +130,7 @@ def create_app(
         embeddings_router,
         ollama_embeddings_router,
         llamacpp_router,
+        rerank_router,
         responses_router,
     ]
     every = [r for each in routers for r in each.routes] + list(app.routes)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError
-from localllm.models.gguf import ModelMeta, read_meta
+from localllm.models.gguf import ModelMeta, capabilities, read_meta
+
+__all__ = ["capabilities", "damage_of", "meta_of"]
 
 
 @lru_cache(maxsize=256)
@@ -39,14 +41,3 @@ def damage_of(ref: ModelRef) -> str | None:
     except OSError as exc:
         return f"the file cannot be read ({exc.strerror})"
     return None
-
-
-def capabilities(meta: ModelMeta, fmt: str = "gguf") -> list[str]:
-    """Every model can call tools here (a template without tools gets the generic format);
-    fill-in-the-middle where the vocabulary has the tokens; embeddings on llama.cpp."""
-    out = ["completion", "tools"]
-    if meta.fim_ids:
-        out.append("insert")
-    if fmt == "gguf":
-        out.append("embedding")
-    return out

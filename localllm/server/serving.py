@@ -98,46 +98,83 @@ async def embed(
     keep_alive: float | None = None,
 ) -> tuple[list[list[float]], int, str]:
     """The inputs' vectors, their token count and the model's name (OpenAI's and Ollama's
-    embedding routes).
+    embedding routes), computed in pieces (`in_pieces`)."""
 
-    The work goes to the engine's worker in pieces (`_pieces`), each a call of its own,
-    so requests decoding meanwhile get their steps between two pieces instead of waiting
-    for all of it; when the client leaves, the pieces not yet begun are not computed."""
+    def work(loaded: Any, piece: list[Any], first: int) -> tuple[list[Any], int]:
+        got: tuple[list[Any], int] = loaded.embed(piece, pooling=pooling, first=first)
+        return got
+
+    return await in_pieces(
+        request, model, inputs, work, size=_chars, what="embeddings", keep_alive=keep_alive
+    )
+
+
+async def rerank(
+    request: Request, model: str | None, query: str, documents: list[str], cut: str | None
+) -> tuple[list[float], int, str]:
+    """Each document's relevance score, in the documents' order, the tokens read and the
+    model's name (the rerank routes), computed in pieces (`in_pieces`)."""
+
+    def work(loaded: Any, piece: list[Any], first: int) -> tuple[list[Any], int]:
+        got: tuple[list[Any], int] = loaded.rerank(query, piece, first=first, cut=cut)
+        return got
+
+    def size(doc: Any) -> int:
+        return len(query) + len(doc)
+
+    return await in_pieces(request, model, documents, work, size=size, what="reranking")
+
+
+async def in_pieces(
+    request: Request,
+    model: str | None,
+    items: list[Any],
+    work: Callable[[Any, list[Any], int], tuple[list[Any], int]],
+    *,
+    size: Callable[[Any], int],
+    what: str,
+    keep_alive: float | None = None,
+) -> tuple[list[Any], int, str]:
+    """work(the loaded model, a piece of the items, the index of its first) over all the
+    items: the results in order, the tokens read and the model's name.
+
+    Each piece (`_piece`, by `size` in characters) is a call of its own on the engine's
+    worker, so requests decoding meanwhile get their steps between two pieces instead of
+    waiting for all of it (`_share`); when the client leaves, the pieces not yet begun are
+    not computed."""
     engine, settings = engine_of(request), settings_of(request)
     left = asyncio.Event()
     watcher = asyncio.create_task(on_disconnect(request, left.set))
-    vectors: list[list[float]] = []
+    results: list[Any] = []
     tokens, name, done = 0, model or "", 0
     try:
-        while done < len(inputs):
-            piece = _piece(inputs, done, EMBED_PIECE_BUSY if _busy(engine) else EMBED_PIECE_IDLE)
-            first = done
+        while done < len(items):
+            chars = EMBED_PIECE_BUSY if _busy(engine) else EMBED_PIECE_IDLE
+            piece = _piece(items, done, chars, size)
             began = time.monotonic()
 
-            def work(
-                loaded: Any, piece: list[str | list[int]] = piece, first: int = first
-            ) -> tuple[list[list[float]], int, str]:
-                got, n = loaded.embed(piece, pooling=pooling, first=first)
+            def call(loaded: Any, piece: list[Any] = piece, first: int = done) -> Any:
+                got, n = work(loaded, piece, first)
                 return got, n, loaded.info.id
 
             got, n, name = await asyncio.to_thread(
                 engine.with_model,
                 model,
-                work,
+                call,
                 allow_paths=settings.allow_model_paths,
                 keep_alive=keep_alive,
             )
-            vectors += got
+            results += got
             tokens += n
             done += len(piece)
-            if done < len(inputs):
+            if left.is_set() and done < len(items):
+                log.info("%s: the client left after %d of %d inputs", what, done, len(items))
+                raise ClientLeft(done, len(items))
+            if done < len(items):
                 await _share(engine, time.monotonic() - began)
-            if left.is_set() and done < len(inputs):
-                log.info("embeddings: the client left after %d of %d inputs", done, len(inputs))
-                raise ClientLeft(done, len(inputs))
     finally:
         watcher.cancel()
-    return vectors, tokens, name
+    return results, tokens, name
 
 
 # characters of input per piece of embedding work (an input is never split): while other
@@ -166,14 +203,18 @@ async def _share(engine: EngineClient, spent: float) -> None:
         await asyncio.sleep(EMBED_YIELD_LOOK_S)
 
 
-def _piece(inputs: list[str | list[int]], start: int, chars: int) -> list[str | list[int]]:
-    """Inputs from `start` up to about `chars` characters (a token id counts as four), at
-    least one."""
+def _chars(item: str | list[int]) -> int:
+    """An embedding input's size in characters (a token id counts as four)."""
+    return len(item) * (1 if isinstance(item, str) else 4)
+
+
+def _piece(items: list[Any], start: int, chars: int, size: Callable[[Any], int]) -> list[Any]:
+    """Items from `start` up to about `chars` characters, at least one."""
     end, used = start, 0
-    while end < len(inputs):
-        size = len(inputs[end]) * (1 if isinstance(inputs[end], str) else 4)
-        if end > start and used + size > chars:
+    while end < len(items):
+        n = size(items[end])
+        if end > start and used + n > chars:
             break
-        used += size
+        used += n
         end += 1
-    return inputs[start:end]
+    return items[start:end]

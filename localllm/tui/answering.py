@@ -30,7 +30,7 @@ from localllm.tui.pacing import RedrawPacer
 from localllm.tui.screens.dialogs import FullContextScreen
 from localllm.tui.widgets.chat_input import ChatInput
 from localllm.tui.widgets.messages import ChatMessage, speculation_text
-from localllm.tui.widgets.status import StatusBar
+from localllm.tui.widgets.status import StatusBar, context_text
 
 NEW_TITLE = "New chat"
 INTERRUPTED = {"interrupted": True}  # an answer's stats until it ends
@@ -164,7 +164,7 @@ class Answering(App[None]):
             )
             self.status.state = ""
             self.status.device = device_label(info)
-            self.status.context = f"ctx 0/{info.n_ctx}"
+            self.status.context = context_text(0, info)
 
     async def _start(self, conv: Conversation) -> ChunkStream | None:
         """Submit the conversation; on a full context ask the user, never cut silently."""
@@ -299,7 +299,7 @@ class Answering(App[None]):
             info = self.engine.status().model_info
             if final is not None and final.stats is not None and info is not None and local:
                 used = final.stats.prompt_tokens + final.stats.generated_tokens
-                self.status.context = f"ctx {used}/{info.n_ctx}"
+                self.status.context = context_text(used, info)
                 self.status.speculation = (
                     speculation_text(stats) if stats and stats.get("draft_proposed") else ""
                 )

@@ -52,7 +52,7 @@ from localllm.tui.screens.model_picker import ModelPicker, describe, remote_row
 from localllm.tui.screens.settings import SettingsScreen
 from localllm.tui.widgets.chat_input import ChatInput
 from localllm.tui.widgets.messages import ChatMessage
-from localllm.tui.widgets.status import StatusBar
+from localllm.tui.widgets.status import StatusBar, context_text
 
 
 def activity_label(activity: Mapping[str, Any]) -> str:
@@ -377,7 +377,7 @@ class ChatApp(Answering):
             None,
         )
         used = stats["prompt_tokens"] + stats["generated_tokens"] if stats else 0
-        self.status.context = f"ctx {used}/{info.n_ctx}"
+        self.status.context = context_text(used, info)
 
     def _retitle(self, cid: int, title: str) -> None:
         """Rename a conversation and its sidebar entry, without rebuilding the list."""

@@ -197,3 +197,32 @@ def test_restart_on_mlx_reads_the_state_back_from_disk(tmp_path: Path):
         assert again.cache.stats()["restored"] == 1
     finally:
         again.close()
+
+
+@pytest.mark.model
+def test_a_quantized_kv_cache_keeps_its_own_states(tmp_path: Path):
+    """kv_cache_type q8_0: the KV is about half of f16's (ggml keeps 32 values in 34 bytes),
+    /health says so, and a state saved at f16 is never restored into it (another key,
+    another folder), while its own states come back after a restart."""
+    f16 = make(tmp_path, prompt_cache_disk_mb=256)
+    ask(f16, conversation("rivers", 1))
+    (f16_row,) = f16.status().resident()
+    f16.close()
+    q8 = make(tmp_path, prompt_cache_disk_mb=256, kv_cache_type="q8_0")
+    try:
+        tokens, final = ask(q8, conversation("rivers", 2))
+        assert tokens and final.stats is not None and final.stats.cached_tokens == 0
+        assert q8.cache.stats()["disk_entries"] == 0  # the f16 entry is not seen
+        (row,) = q8.status().resident()
+        assert f16_row["kv_type"] == "f16" and row["kv_type"] == "q8_0"
+        assert row["kv_bytes"] == pytest.approx(f16_row["kv_bytes"] * 34 / 64, rel=0.01)
+    finally:
+        q8.close()
+    again = make(tmp_path, prompt_cache_disk_mb=256, kv_cache_type="q8_0")
+    try:
+        tokens_again, final = ask(again, conversation("rivers", 2))
+        assert final.stats is not None and final.stats.cached_tokens > 0
+        assert tokens_again == tokens  # deterministic: the restored state answers the same
+    finally:
+        again.close()
+    assert len({f.parent for f in disk_files(tmp_path)}) == 2

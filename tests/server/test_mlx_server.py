@@ -104,10 +104,14 @@ def test_constrained_output_on_mlx(mlx_server: ServerProcess):
     assert "topic" in json.loads(made.function.arguments)
 
 
-def test_embeddings_refused_on_mlx(mlx_server: ServerProcess):
+def test_embeddings_and_reranking_refused_on_mlx(mlx_server: ServerProcess):
     import httpx
 
     r = httpx.post(mlx_server.base + "/v1/embeddings", json={"model": "starter", "input": "hi"},
                    timeout=60)
     assert r.status_code == 400 and r.json()["error"]["code"] == "embeddings_not_supported"
     assert "mlx-lm cannot compute embeddings" in r.json()["error"]["message"]
+    r = httpx.post(mlx_server.base + "/v1/rerank",
+                   json={"model": "starter", "query": "q", "documents": ["a", "b"]}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "rerank_not_supported"
+    assert "GGUF reranker" in r.json()["error"]["message"]

@@ -64,6 +64,11 @@ def test_list_info_and_ps_as_json(tmp_path: Path, server):
     assert info["architecture"] == "llama" and info["layers"] == 30
     assert info["kv_bytes"] == info["kv_bytes_per_token"] * info["default_context"] * 4
     assert info["chat_template"] is True and info["fill_in_middle"] is False
+    assert info["kv_type"] == "f16" and info["capabilities"] == ["completion", "tools", "embedding"]
+    q4 = json.loads(
+        cli("info", "starter", "--json", "--kv-cache-type", "q4_0", tmp=tmp_path).stdout)
+    assert q4["kv_type"] == "q4_0"  # ggml's q4_0: 32 values in 18 bytes, f16's 64
+    assert q4["kv_bytes_per_token"] == info["kv_bytes_per_token"] * 18 // 64
     ps = cli("ps", "--json", "--port", str(server.port), tmp=tmp_path)
     assert ps.returncode == 0, ps.stderr
     health = json.loads(ps.stdout)

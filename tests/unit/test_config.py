@@ -56,6 +56,7 @@ LAYER_VALUES: dict[str, tuple[object, str, object]] = {
     "n_gpu_layers": (0, "10", 20),
     "max_queue": (2, "3", 4),
     "parallel": (2, "3", 5),
+    "kv_cache_type": ("q8_0", "q4_0", "f16"),
     "deterministic": (True, "false", True),
     "max_body_bytes": (2048, "4096", 8192),
     "stream_interval_ms": (10, "30", 50),
@@ -144,7 +145,9 @@ def test_words_the_environment_may_use(tmp_path: Path):
     assert s.n_ctx is None and s.parallel is None
     assert s.allowed_hosts == ("a.test", "b.test")
     for key, value, said in [("LOCALLLM_DRAIN_S", "soon", "LOCALLLM_DRAIN_S: drain_s = 'soon'"),
-                             ("LOCALLLM_NO_AUTH", "maybe", "no_auth = 'maybe' is not valid")]:
+                             ("LOCALLLM_NO_AUTH", "maybe", "no_auth = 'maybe' is not valid"),
+                             ("LOCALLLM_KV_CACHE_TYPE", "q3_k",
+                              "kv_cache_type must be one of f16, q8_0, q4_0, got 'q3_k'")]:
         with pytest.raises(ConfigError, match=said):
             load_settings(env={**env, key: value})
     cfg = tmp_path / "c.toml"

@@ -5,6 +5,14 @@ from __future__ import annotations
 from textual.reactive import reactive
 from textual.widgets import Static
 
+from localllm.backends.base import ModelInfo
+
+
+def context_text(used: int, info: ModelInfo) -> str:
+    """Tokens in the context against its size, and the KV type when it is quantized."""
+    kv = info.extra.get("kv_type", "f16")
+    return f"ctx {used}/{info.n_ctx}" + (f" (KV {kv})" if kv != "f16" else "")
+
 
 class StatusBar(Static):
     model: reactive[str] = reactive("no model")
