@@ -128,13 +128,6 @@ class MlxModel:
         self._model: Any = model
         self._tok = tokenizer
         self._make_cache = lambda: make_prompt_cache(model)
-        if options.kv_type != "f16":
-            log.warning(
-                "%s runs on MLX, whose KV cache localllm keeps unquantized: kv_cache_type "
-                "%s applies to llama.cpp models only",
-                ref.name,
-                options.kv_type,
-            )
         self.n_seq = max(1, options.n_seq)
         self._caches: list[list[Any]] = [self._make_cache() for _ in range(self.n_seq)]
         self._kvs = [KVLedger() for _ in range(self.n_seq)]

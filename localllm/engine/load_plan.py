@@ -12,8 +12,9 @@ from localllm.backends.base import CPU_F16, Backend, MemoryProfile, ModelRef
 from localllm.config import DEFAULT_PARALLEL, Settings
 from localllm.engine import placement
 from localllm.engine.speculative import configured_draft
-from localllm.errors import BackendUnavailable, ModelTooLarge
+from localllm.errors import BackendUnavailable, LocalLLMError, ModelTooLarge
 from localllm.models import fit
+from localllm.models.gguf import read_meta
 from localllm.models.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -59,14 +60,21 @@ class Planner:
 
     def _profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
         """How the backend that would load `ref` holds it (its KV dtype, as the
-        kv_cache_type setting has it, GPU or not)."""
-        kv_type = self.settings.kv_cache_type
+        kv_cache_type setting has it where the model and backend can, GPU or not)."""
         if self._backends is not None:
             try:
-                return self._given_backend(ref).memory_profile(ref, n_ctx).with_kv_type(kv_type)
+                found = self._given_backend(ref).memory_profile(ref, n_ctx)
             except BackendUnavailable:
-                return CPU_F16.with_kv_type(kv_type)  # the load says why
-        found = placement.memory_profile(ref, self.backend, self.settings.models_dir, n_ctx)
+                found = CPU_F16  # the load says why
+        else:
+            found = placement.memory_profile(ref, self.backend, self.settings.models_dir, n_ctx)
+        kv_type = self.settings.kv_cache_type
+        if kv_type == "f16":
+            return found
+        why = kv_type_refused(ref, kv_type, found)
+        if why is not None:
+            log.warning("%s keeps an f16 KV cache: %s", ref.name, why)
+            return found
         return found.with_kv_type(kv_type)
 
     def _given_backend(self, ref: ModelRef) -> Backend:
@@ -130,3 +138,25 @@ class Planner:
     def _free(self, profile: MemoryProfile) -> fit.Free:
         offload = self.settings.n_gpu_layers != 0 and profile.gpu_offload
         return fit.free_memory(gpu_offload=offload)
+
+
+def kv_type_refused(ref: ModelRef, kv_type: str, profile: MemoryProfile) -> str | None:
+    """Why `ref` cannot store its KV cache as `kv_type` (None: it can): its backend keeps
+    its own, or its attention heads are not a whole number of ggml's 32-value blocks
+    (llama.cpp would refuse the context)."""
+    if not profile.quantized_kv:
+        return f"its backend does not apply kv_cache_type {kv_type} (llama.cpp models only)"
+    try:
+        meta = read_meta(ref.path, ref.format)
+    except LocalLLMError:
+        return None  # the load says what is wrong with the file
+    head = meta.n_embd // meta.n_head if meta.n_head else 0
+    if head % KV_BLOCK:
+        return (
+            f"kv_cache_type {kv_type} stores blocks of {KV_BLOCK} values, and its attention "
+            f"heads are {head} wide"
+        )
+    return None
+
+
+KV_BLOCK = 32  # values per block of ggml's q8_0 and q4_0

@@ -24,7 +24,7 @@ from localllm.backends.base import (
     MemoryProfile,
     ModelRef,
 )
-from localllm.config import Settings
+from localllm.config import KV_CACHE_TYPES, Settings
 from localllm.engine.lifecycle import Lifecycle, ModelHooks
 from localllm.engine.load_plan import Planner
 from localllm.engine.placement import Plan, plan, prepare
@@ -204,7 +204,7 @@ class Residency(Planner):
             n_gpu_layers=self.settings.n_gpu_layers,
             progress=progress,
             n_seq=need.n_seq,
-            kv_type=self.settings.kv_cache_type,
+            kv_type=profile.kv_dtype if profile.kv_dtype in KV_CACHE_TYPES else "f16",
         )
         try:
             model, reason, target = self._load_with_backend(ref, options)

@@ -11,12 +11,22 @@ from pathlib import Path
 import pytest
 
 from localllm.backends import get_backend
-from localllm.backends.base import Chunk, LoadedModel, Message, SamplingParams
+from localllm.backends.base import (
+    CPU_F16,
+    Chunk,
+    LoadedModel,
+    MemoryProfile,
+    Message,
+    ModelRef,
+    SamplingParams,
+)
 from localllm.config import Settings
 from localllm.engine.engine import Engine
+from localllm.engine.load_plan import kv_type_refused
 from localllm.engine.request import Request
 from localllm.errors import ContextOverflow
 from tests.conftest import THREADS, loads_model
+from tests.gguf_fixtures import tiny_bert
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8)
 TOPICS = ("rivers", "mountains", "deserts", "forests")
@@ -226,3 +236,29 @@ def test_a_quantized_kv_cache_keeps_its_own_states(tmp_path: Path):
     finally:
         again.close()
     assert len({f.parent for f in disk_files(tmp_path)}) == 2
+
+
+@pytest.mark.model
+def test_a_model_whose_heads_do_not_fit_the_blocks_keeps_f16(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """llama.cpp refuses a q8_0 cache for heads that are not whole 32-value blocks (tiny
+    BERT's are 16 wide): such a model loads with an f16 cache, and the log says why; a
+    backend that keeps its own KV (MLX) is named as such."""
+    store = tmp_path / "data" / "models"
+    store.mkdir(parents=True)
+    tiny_bert(store / "tiny-bert.gguf")
+    with caplog.at_level(logging.WARNING, logger="localllm.engine.load_plan"):
+        engine = make(tmp_path, model="tiny-bert", kv_cache_type="q8_0")
+        try:
+            assert engine.with_model(None, lambda m: m.info.extra["kv_type"]) == "f16"
+            (row,) = engine.status().resident()
+            assert row["kv_type"] == "f16"
+        finally:
+            engine.close()
+    assert "tiny-bert keeps an f16 KV cache" in caplog.text
+    assert "blocks of 32 values, and its attention heads are 16 wide" in caplog.text
+    mlx_like = MemoryProfile("f32", gpu_offload=False, quantized_kv=False)
+    ref = ModelRef(name="tiny-bert", path=store / "tiny-bert.gguf", format="gguf", source="store")
+    assert "llama.cpp models only" in (kv_type_refused(ref, "q4_0", mlx_like) or "")
+    assert kv_type_refused(ref, "q4_0", CPU_F16) is not None
