@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 import typing
@@ -115,6 +116,9 @@ class Settings:
     force_load: bool = False  # load even when the estimate says it will not fit
     speculate: str = "auto"  # off | lookup | draft | auto (lookup, or the draft model if set)
     draft_model: str | None = None  # a smaller model with the target's vocabulary
+    # LoRA adapters the default model (`model`) loads with: "FILE" or "FILE:SCALE" each,
+    # ids 0, 1, ... in this order (engine/adapters.py)
+    lora: tuple[str, ...] = ()
     log_level: str = "warning"
     # security (see server/guard.py): Host names served besides loopback, the bound
     # address and IP literals ("*": any); browser origins allowed besides loopback and IDE
@@ -393,6 +397,10 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             f"kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got '{s.kv_cache_type}'"
         )
+    for spec in s.lora:
+        path, _scale = lora_spec(spec)
+        if not Path(path).exists():
+            raise ConfigError(f"lora: there is no LoRA adapter at {path}")
     if s.parallel is not None and not 1 <= s.parallel <= 64:
         raise ConfigError(f"parallel must be 1 to 64, got {s.parallel}")
     if s.max_queue < 1:
@@ -438,3 +446,18 @@ def _validate_remotes(s: Settings) -> None:
             raise ConfigError(f"routes[{i}].priority must be high or normal, got {rule.priority!r}")
         if rule.model == "auto":
             raise ConfigError(f"routes[{i}].model cannot be auto (it would route to itself)")
+
+
+def lora_spec(text: str) -> tuple[str, float]:
+    """A LoRA adapter as `FILE` or `FILE:SCALE` (scale 1.0 when not given; a colon followed
+    by something that is not a number belongs to the path, as in C:\\lora.gguf)."""
+    path, sep, tail = text.rpartition(":")
+    if not sep or not path:
+        return text, 1.0
+    try:
+        scale = float(tail)
+    except ValueError:
+        return text, 1.0
+    if not math.isfinite(scale):
+        raise ConfigError(f"lora: the scale in {text!r} must be a finite number")
+    return path, scale

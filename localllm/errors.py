@@ -102,6 +102,19 @@ class DamagedModel(ModelLoadError):
         self.public_message = f"The model file {name} is damaged: {reason}"
 
 
+class AdapterMismatch(DamagedModel):
+    """A LoRA adapter that llama.cpp refuses for the model it was loaded with (another
+    architecture, tensors of other shapes): the files are at fault (a 400, exit code 2)."""
+
+    code = "lora_mismatch"
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(path, reason)
+        name = path.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+        self.message = f"The LoRA adapter {path} does not fit the model: {reason}"
+        self.public_message = f"The LoRA adapter {name} does not fit the model: {reason}"
+
+
 class BackendUnavailable(LocalLLMError):
     """The backend a model needs is not installed or not supported here."""
 

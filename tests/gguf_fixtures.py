@@ -126,3 +126,46 @@ def tiny_bert(
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def starter_lora(
+    starter: Path,
+    dst: Path,
+    *,
+    rank: int = 8,
+    seed: int = 0,
+    layers: int = 4,
+    scale: float = 2.0,
+    misfit: bool = False,
+) -> Path:
+    """A LoRA adapter for the starter with random weights: A and B for the attention query
+    and feed-forward down projections of its first `layers` blocks, in llama.cpp's adapter
+    layout (general.type "adapter", adapter.type "lora", `<tensor>.lora_a` of [n_in, r] and
+    `.lora_b` of [r, n_out] in ggml's order). Large enough to change the starter's answer
+    at scale 1; the numbers mean nothing. `misfit`: the feed-forward tensors are shaped
+    for a model twice as wide (an adapter trained for another model)."""
+    import numpy as np
+
+    reader = gguf.GGUFReader(starter, "r")
+    arch = str(reader.fields["general.architecture"].contents())
+    shapes = {t.name: [int(n) for n in t.shape] for t in reader.tensors}  # ggml order
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(dst, arch=arch)
+    w.add_type("adapter")
+    w.add_string("adapter.type", "lora")
+    w.add_float32("adapter.lora.alpha", float(rank))
+    for i in range(layers):
+        for part in ("attn_q", "ffn_down"):
+            name = f"blk.{i}.{part}.weight"
+            n_in, n_out = shapes[name][0], shapes[name][1]
+            if misfit and part == "ffn_down":
+                n_in *= 2
+            a = rng.standard_normal((rank, n_in)) * scale / np.sqrt(n_in)
+            b = rng.standard_normal((n_out, rank)) * scale
+            w.add_tensor(f"{name}.lora_a", a.astype(np.float32))
+            w.add_tensor(f"{name}.lora_b", b.astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

@@ -184,6 +184,28 @@ class LoadOptions:
     progress: Callable[[float], None] | None = None  # 0.0 .. 1.0 while loading
     n_seq: int = 1  # sequences decoded together, each with a KV share of n_ctx tokens
     kv_type: str = "f16"  # f16 | q8_0 | q4_0: what the KV cache stores (config KV_CACHE_TYPES)
+    # LoRA adapters loaded with the model (ids 0, 1, ... in this order): each file and the
+    # scale a request that names no adapters gets
+    loras: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Adapter:
+    """A LoRA adapter loaded with a model: its file (or folder, on MLX) and the scale a
+    request gets that names no adapters (llama-server's global scale, which
+    POST /lora-adapters sets)."""
+
+    path: str
+    scale: float
+
+
+# the adapters a step applies: (adapter id, scale) for each one that is on, by id; (): none
+Scales = tuple[tuple[int, float], ...]
+
+
+def global_scales(adapters: Sequence[Adapter]) -> Scales:
+    """The adapters a request that names none runs with (perplexity runs with them too)."""
+    return tuple((i, a.scale) for i, a in enumerate(adapters) if a.scale)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -331,6 +353,13 @@ class Batched(Protocol):
 
     info: ModelInfo
     n_seq: int
+    adapters: list[Adapter]  # its LoRA adapters by id (their scales change between steps)
+
+    def use_adapters(self, scales: Scales) -> None:
+        """The adapters the following steps apply, as `scales` says (the scheduler batches
+        only sequences that want the same ones). A sequence's KV holds what was computed
+        under the adapters of its steps, so the engine keys reuse on them."""
+        ...
 
     def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
         """The tokens sequence `seq` holds in the KV cache (exact: only its exact prefix)."""

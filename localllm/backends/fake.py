@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from localllm.backends.base import (
     CPU_F16,
+    Adapter,
     KVSnapshot,
     LoadOptions,
     MemoryProfile,
@@ -33,6 +34,7 @@ from localllm.backends.base import (
     ModelInfo,
     ModelRef,
     SamplingParams,
+    Scales,
     SeqWork,
 )
 from localllm.errors import InvalidRequest, LocalLLMError
@@ -130,6 +132,10 @@ class FakeModel:
         )
         self._kv: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._generated: dict[int, int] = {}  # per sequence, the tokens sampled this answer
+        # LoRA adapters are bookkeeping here: each step's set and sequences are recorded
+        self.adapters = [Adapter(path, scale) for path, scale in options.loras]
+        self.applying: Scales = ()
+        self.steps: list[tuple[Scales, tuple[int, ...]]] = []
         if options.progress is not None:
             options.progress(1.0)
 
@@ -164,7 +170,11 @@ class FakeModel:
         self._kv[dst] = self._kv[src][:n]
         return True
 
+    def use_adapters(self, scales: Scales) -> None:
+        self.applying = scales
+
     def step(self, work: Sequence[SeqWork]) -> None:
+        self.steps.append((self.applying, tuple(w.seq for w in work)))
         script = self.script
         if script.gate is not None:
             script.gate.pass_through()

@@ -37,8 +37,10 @@ from localllm.backends.base import (
     ModelInfo,
     ModelRef,
     SamplingParams,
+    Scales,
     SeqWork,
     default_n_ctx,
+    global_scales,
 )
 from localllm.backends.common import (
     BATCH,
@@ -51,6 +53,7 @@ from localllm.backends.common import (
     reusable_prefix,
 )
 from localllm.backends.llamacpp_embed import Embedder, rank_layout, rank_row
+from localllm.backends.llamacpp_lora import Loras
 from localllm.backends.llamacpp_native import (
     device_name,
     gpu_offload,
@@ -113,6 +116,12 @@ class LlamaCppModel:
         if not model:
             raise load_failure(ref.path, said)
         self._model = model
+        try:
+            self._loras = Loras(ll, model, options.loras)
+        except BaseException:
+            ll.llama_model_free(model)
+            raise
+        self.adapters = self._loras.adapters
         self._vocab = ll.llama_model_get_vocab(model)
         n_ctx_train = int(ll.llama_model_n_ctx_train(model)) or DEFAULT_MAX_CTX
         n_ctx = options.n_ctx or default_n_ctx(n_ctx_train)
@@ -136,6 +145,7 @@ class LlamaCppModel:
             self._kv_bytes(model, total, options.kv_type) if n_gpu == 0 else 0,
         )
         if not ctx:
+            self._loras.close()
             ll.llama_model_free(model)
             kv = f" with a {options.kv_type} KV cache" if options.kv_type != "f16" else ""
             raise ModelLoadError(str(ref.path), f"could not create a context of {n_ctx} tokens{kv}")
@@ -350,6 +360,9 @@ class LlamaCppModel:
         self._kvs[dst].copied(self._kvs[src], len(self._kvs[src].tokens))
         return self._truncate(n, dst)
 
+    def use_adapters(self, scales: Scales) -> None:
+        self._loras.use(self._ctx, scales)
+
     def step(self, work: Sequence[SeqWork]) -> None:
         ll, batch = self._ll, self._batch
         i = 0
@@ -519,6 +532,7 @@ class LlamaCppModel:
         ll = self._ll
         check_scoring(len(tokens), start, self.info.n_ctx)
         self._clear_all()
+        self.use_adapters(global_scales(self.adapters))
         n_batch = min(self.info.n_ctx, 512)
         n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
         batch = ll.llama_batch_init(n_batch, 0, 1)
@@ -595,6 +609,8 @@ class LlamaCppModel:
         if getattr(self, "_ctx", None):
             ll.llama_free(self._ctx)
             self._ctx = None
+        if getattr(self, "_loras", None) is not None:
+            self._loras.close()
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None

@@ -8,7 +8,7 @@ import contextlib
 import ctypes
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,20 +48,27 @@ def load_quietly(ll: LlamaApi, path: Path, mparams: Any) -> tuple[Any, str]:
     """Load a model holding back llama.cpp's warnings and errors meanwhile: on success they
     are logged as usual; on failure the first error becomes the reason (one line to the
     user, not llama.cpp's lines first)."""
+    return quietly(lambda: ll.llama_model_load_from_file(str(path).encode(), mparams))
+
+
+def quietly(call: Callable[[], Any]) -> tuple[Any, str]:
+    """`call()` (a native load that answers NULL when it fails) with llama.cpp's warnings
+    and errors held back: logged after a success; after a failure, the first error is
+    returned as the reason."""
     held: list[tuple[int, str]] = []
     _state["held"] = held
     try:
-        model = ll.llama_model_load_from_file(str(path).encode(), mparams)
+        handle = call()
     finally:
         _state.pop("held", None)
-    if model:
+    if handle:
         for level, line in held:
             _native_log.log(level, line)
-        return model, ""
+        return handle, ""
     for _level, line in held:
         _native_log.debug("%s", line)
     errors = [line for level, line in held if level >= logging.ERROR]
-    return model, errors[0] if errors else ""
+    return handle, errors[0] if errors else ""
 
 
 _MACHINE_WORDS = ("alloc", "memory", "mmap", "out of", "cuda", "metal", "vulkan", "device")

@@ -35,8 +35,10 @@ from localllm.backends.base import (
     ModelInfo,
     ModelRef,
     SamplingParams,
+    Scales,
     SeqWork,
     default_n_ctx,
+    global_scales,
 )
 from localllm.backends.common import (
     KVLedger,
@@ -48,6 +50,7 @@ from localllm.backends.common import (
     reusable_prefix,
     vocab_fingerprint,
 )
+from localllm.backends.mlx_lora import MlxLoras
 from localllm.backends.mlx_meta import (
     EOG_NAMES,
     gpt2_byte_decoder,
@@ -115,6 +118,8 @@ class MlxModel:
             tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
         except Exception as exc:  # mlx-lm raises many kinds for a bad folder
             raise ModelLoadError(str(folder), f"mlx-lm could not load it ({exc})") from None
+        self._loras = MlxLoras(model, options.loras)
+        self.adapters = self._loras.adapters
         report(0.8)
         self._device = mlx_device()
         if self._device == "cpu":
@@ -328,6 +333,9 @@ class MlxModel:
         self._kvs[dst].copied(self._kvs[src], n)
         return True
 
+    def use_adapters(self, scales: Scales) -> None:
+        self._loras.use(scales)
+
     def step(self, work: Sequence[SeqWork]) -> None:
         """Each sequence's part in turn, evaluated lazily and then together: mlx-lm's KV
         caches are one per sequence of its own length, so one model call for all of them
@@ -533,6 +541,7 @@ class MlxModel:
         mx = self._mx
         check_scoring(len(tokens), start, self.info.n_ctx)
         self._reset_kv()
+        self.use_adapters(global_scales(self.adapters))
         logits = self._model(mx.array(tokens[:-1])[None])[0, start - 1 :].astype(mx.float32)
         norm = mx.logsumexp(logits, axis=-1)
         picked = mx.take_along_axis(logits, mx.array(tokens[start:])[:, None], axis=-1)[:, 0]

@@ -238,9 +238,10 @@ def lark_grammar(fmt: ToolFormat, spec: ToolSpec, marker: Callable[[str], str]) 
             "additionalProperties": False,
         }
         if spec.choice.mode == "auto":
+            # an answer in text says something: an empty one would be a silent success
             content = {
                 "type": "object",
-                "properties": {"content": {"type": "string"}},
+                "properties": {"content": {"type": "string", "minLength": 1}},
                 "required": ["content"],
                 "additionalProperties": False,
             }

@@ -62,6 +62,7 @@ SETTING_FLAGS = (
     "draft_model",
     "parallel",
     "kv_cache_type",
+    "lora",
     "deterministic",
     "no_auth",
 )

@@ -13,7 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from localllm.config import DEFAULT_PORT, KV_CACHE_TYPES, SPECULATE_MODES, Settings
+from localllm.config import DEFAULT_PORT, KV_CACHE_TYPES, SPECULATE_MODES, Settings, lora_spec
+from localllm.errors import ConfigError
 
 if TYPE_CHECKING:
     from localllm.backends.base import ModelRef
@@ -117,6 +118,7 @@ def model_flags(p: argparse.ArgumentParser, *, model_flag: str = "model") -> Non
     )
     backend_flag(p)
     kv_flag(p)
+    lora_flag(p)
     force_flag(p)
     speculate_flags(p)
     batch_flags(p)
@@ -169,6 +171,29 @@ def kv_flag(p: argparse.ArgumentParser) -> None:
         help="what the KV cache stores: f16 (default), q8_0 (about half the memory) or "
         "q4_0 (about a quarter), for longer contexts in the same memory",
     )
+
+
+def lora_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lora",
+        action="append",
+        type=lora_arg,
+        metavar="FILE[:SCALE]",
+        help="a LoRA adapter for the model (GGUF; an mlx-lm adapter folder on MLX), at "
+        "SCALE (default 1.0); repeat for several (ids 0, 1, ...); requests pick theirs with "
+        '"lora": [{"id": 0, "scale": 0.5}]',
+    )
+
+
+def lora_arg(text: str) -> str:
+    """`--lora FILE[:SCALE]`, checked: the adapter exists and the scale is a number."""
+    try:
+        path, _scale = lora_spec(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    if not Path(path).exists():
+        raise argparse.ArgumentTypeError(f"there is no LoRA adapter at {path}")
+    return text
 
 
 def backend_flag(p: argparse.ArgumentParser) -> None:

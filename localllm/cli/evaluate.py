@@ -10,10 +10,11 @@ from typing import Any
 from localllm.cli.common import (
     backend_flag,
     kv_flag,
+    lora_flag,
     positive_int,
     progress_printer,
 )
-from localllm.config import Settings
+from localllm.config import Settings, lora_spec
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -36,6 +37,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     backend_flag(evaluate)
     kv_flag(evaluate)
+    lora_flag(evaluate)
     evaluate.set_defaults(run=run)
 
 
@@ -53,6 +55,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         window=args.window,
         n_threads=args.n_threads,
         kv_type=settings.kv_cache_type,
+        loras=tuple(lora_spec(spec) for spec in settings.lora),
     )
     try:
         result = perplexity(
@@ -65,6 +68,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         where = str(args.file) if args.file else HELDOUT_LABEL
         window = min(args.window, model.info.n_ctx)
         kv = f", KV {settings.kv_cache_type}" if settings.kv_cache_type != "f16" else ""
+        kv += "".join(f", LoRA {Path(a.path).name} x{a.scale:g}" for a in model.adapters)
         print(
             f"{ref.name} ({model.info.backend}, {model.info.quant}{kv}): perplexity "
             f"{result.value:.3f} over {result.scored:,} tokens ({result.windows} "

@@ -110,13 +110,16 @@ def load_for_eval(
     window: int = DEFAULT_WINDOW,
     n_threads: int | None = None,
     kv_type: str = "f16",
+    loras: tuple[tuple[str, float], ...] = (),
 ) -> LoadedModel:
-    """Load a model with a context of one window, on the backend `plan` picks."""
+    """Load a model with a context of one window, on the backend `plan` picks (with
+    `loras`, scored with those adapters at those scales)."""
     from localllm.engine.placement import plan, prepare
 
     chosen = plan(ref, backend, models_dir)
     loader, target = prepare(ref, chosen, models_dir)
-    return loader.load(target, LoadOptions(n_ctx=window, n_threads=n_threads, kv_type=kv_type))
+    options = LoadOptions(n_ctx=window, n_threads=n_threads, kv_type=kv_type, loras=loras)
+    return loader.load(target, options)
 
 
 def measure(

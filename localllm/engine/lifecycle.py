@@ -18,6 +18,7 @@ from localllm.backends import reasoning
 from localllm.backends.base import Chunk, LoadedModel, ModelRef
 from localllm.backends.common import check_request
 from localllm.config import Settings
+from localllm.engine.adapters import applied
 from localllm.engine.client import Budget, Observer
 from localllm.engine.prompt import fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache
@@ -129,6 +130,7 @@ class ModelHooks:
         request = job.request
         tokens, dropped, before = job.prompt
         check_request(len(tokens), model.info.n_ctx, request.params, model.info.n_vocab)
+        adapters = applied(model.adapters, request.lora)
         capped = self._life.reserve(job, len(tokens))
         request = job.request
         thinking = None
@@ -153,10 +155,10 @@ class ModelHooks:
         plain = params.grammar is None and params.logprobs is None
         drafter = self._speculation.drafter(request, ref, model) if plain else None
         self._life.totals["requests"] += 1
-        return Admission(tokens, started, drafter, exact)
+        return Admission(tokens, started, drafter, exact, adapters)
 
-    def prepare(self, prompt: list[int], seq: int, exact: bool) -> None:
-        self._life.cache.prepare(self._key, prompt, seq, exact=exact)
+    def prepare(self, prompt: list[int], seq: int, exact: bool, tag: str = "") -> None:
+        self._life.cache.prepare(self._key, prompt, seq, exact=exact, tag=tag)
 
     def ended(self, job: Job, run: Running, final: Chunk | None) -> None:
         life = self._life

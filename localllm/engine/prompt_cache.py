@@ -13,9 +13,10 @@ they survive a restart.
 
 Every state belongs to one model identity (the file, its size and change time,
 the backend, the context size and the KV element type): another model or
-another context size never sees it. A disk entry carries a SHA-256 of its bytes;
-one that fails the check or does not load is deleted with a log line and the
-request runs cold.
+another context size never sees it. A state computed under LoRA adapters carries their
+tag (engine/adapters.py), and only a request under the same adapters reuses it. A disk
+entry carries a SHA-256 of its bytes; one that fails the check or does not load is
+deleted with a log line and the request runs cold.
 """
 
 from __future__ import annotations
@@ -66,8 +67,14 @@ def _exact_n(state: KVSnapshot | _DiskEntry) -> int:
     return len(state.tokens) if state.canonical is None else state.canonical
 
 
-def _tokens_key(tokens: tuple[int, ...]) -> str:
-    return hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:32]
+def _tokens_key(tokens: tuple[int, ...], tag: str = "") -> str:
+    key = hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:32]
+    return f"{tag}-{key}" if tag else key
+
+
+def _owner(mkey: str, tag: str) -> str:
+    """Whose saved states these are: the model's, under the adapters `tag` names."""
+    return f"{mkey}/{tag}" if tag else mkey
 
 
 @dataclass(slots=True)
@@ -77,6 +84,7 @@ class _DiskEntry:
     nbytes: int
     used: float
     canonical: int | None = None  # see KVSnapshot
+    tag: str = ""  # the LoRA adapters it was computed under ("": none)
 
 
 @dataclass(slots=True)
@@ -88,6 +96,7 @@ class _Slot:
     dir: Path | None
     disk: dict[str, _DiskEntry] = field(default_factory=dict)
     live_saved: set[int] = field(default_factory=set)
+    tags: dict[int, str] = field(default_factory=dict)  # seq -> its live state's adapters
 
 
 class PromptCache:
@@ -132,34 +141,44 @@ class PromptCache:
             del self._slots[key]
 
     # -- serving a request ------------------------------------------------------------
-    def prepare(self, key: str, prompt: Sequence[int], seq: int, *, exact: bool) -> None:
+    def prepare(
+        self, key: str, prompt: Sequence[int], seq: int, *, exact: bool, tag: str = ""
+    ) -> None:
         """Before a request runs in sequence `seq`: make its live KV state the best one for
-        `prompt`, from its own state, another sequence's, or a saved one."""
+        `prompt`, from its own state, another sequence's, or a saved one, among the states
+        computed under the adapters `tag` names."""
         slot = self._slots.get(key)
         if slot is None:
             return
         model = slot.model
         self.lookups += 1
         live = model.seq_tokens(seq)
-        live_n = reusable(model.seq_tokens(seq, exact=exact), prompt, exact=exact)
+        same = slot.tags.get(seq, "") == tag
+        live_n = reusable(model.seq_tokens(seq, exact=exact), prompt, exact=exact) if same else 0
         best_n, source = live_n, ""
         for other in range(model.n_seq):
-            if other != seq:
+            if other != seq and slot.tags.get(other, "") == tag:
                 n = reusable(model.seq_tokens(other, exact=exact), prompt, exact=exact)
                 if n > best_n:
                     best_n, source = n, f"seq:{other}"
+        mine = _owner(key, tag)
         for (owner, k), saved in self._ram.items():
-            if owner == key:
+            if owner == mine:
                 n = reusable(saved.exact_tokens if exact else saved.tokens, prompt, exact=exact)
                 if n > best_n:
                     best_n, source = n, f"ram:{k}"
         for k, entry in slot.disk.items():
+            if entry.tag != tag:
+                continue
             usable = entry.tokens[: _exact_n(entry)] if exact else entry.tokens
             n = reusable(usable, prompt, exact=exact)
             if n > best_n:
                 best_n, source = n, f"disk:{k}"
         if live_n < len(live):
             self._park(key, slot, seq)  # the request keeps only part of the live state
+            if not same:
+                model.seq_keep(seq, 0)  # computed under other adapters: none of it is reusable
+        slot.tags[seq] = tag
         if not source:
             return
         kind, _, name = source.partition(":")
@@ -168,17 +187,17 @@ class PromptCache:
                 self.shared += 1
                 slot.live_saved.discard(seq)
             return
-        snap = self._ram.get((key, name)) if kind == "ram" else self._read_disk(slot, name)
+        snap = self._ram.get((mine, name)) if kind == "ram" else self._read_disk(slot, name)
         if snap is not None and model.load_kv(snap, seq):
             self.restored += 1
             slot.live_saved.add(seq)
             if kind == "ram":
-                self._ram.move_to_end((key, name))
+                self._ram.move_to_end((mine, name))
             else:
-                self._put_ram((key, name), snap)
+                self._put_ram((mine, name), snap)
         elif snap is not None:
             log.warning("a saved KV state did not load; this request runs cold")
-            self._ram.pop((key, name), None)
+            self._ram.pop((mine, name), None)
 
     def finished(self, key: str, seq: int, cached_tokens: int) -> None:
         """After a request: count the hit; the sequence's live state has changed."""
@@ -194,11 +213,13 @@ class PromptCache:
             for seq in range(slot.model.n_seq):
                 self._park(key, slot, seq)
 
-    def _park(self, mkey: str, slot: _Slot, seq: int) -> None:
+    def _park(self, model_key: str, slot: _Slot, seq: int) -> None:
         live = slot.model.seq_tokens(seq)
         if seq in slot.live_saved or not live:
             return
-        key = _tokens_key(tuple(live))
+        tag = slot.tags.get(seq, "")
+        mkey = _owner(model_key, tag)
+        key = _tokens_key(tuple(live), tag)
         if (mkey, key) in self._ram:
             self._ram.move_to_end((mkey, key))
             slot.live_saved.add(seq)
@@ -215,7 +236,7 @@ class PromptCache:
             if owner == mkey and covered:
                 del self._ram[(owner, old_key)]
         self._put_ram((mkey, key), snap)
-        self._write_disk(slot, key, snap)
+        self._write_disk(slot, key, snap, tag)
 
     def _put_ram(self, key: tuple[str, str], snap: KVSnapshot) -> None:
         self._ram[key] = snap
@@ -243,6 +264,7 @@ class PromptCache:
                     int(meta["nbytes"]),
                     path.stat().st_mtime,
                     None if canonical is None else int(canonical),
+                    str(meta.get("tag") or ""),
                 )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("dropping unreadable prompt-cache entry %s: %s", side.name, exc)
@@ -268,7 +290,7 @@ class PromptCache:
             os.utime(entry.path)  # recently used: the disk cap evicts by age
         return snap
 
-    def _write_disk(self, slot: _Slot, key: str, snap: KVSnapshot) -> None:
+    def _write_disk(self, slot: _Slot, key: str, snap: KVSnapshot, tag: str) -> None:
         folder = slot.dir
         if folder is None or key in slot.disk:
             return
@@ -283,6 +305,7 @@ class PromptCache:
                 "size": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "canonical": snap.canonical,
+                "tag": tag,
                 "created": time.time(),
             }
             for suffix, blob in ((".kv", data), (".json", json.dumps(meta).encode())):
@@ -294,14 +317,14 @@ class PromptCache:
             log.warning("could not write a prompt-cache entry: %s", exc)
             return
         entry = _DiskEntry(
-            snap.tokens, folder / f"{key}.kv", snap.nbytes, time.time(), snap.canonical
+            snap.tokens, folder / f"{key}.kv", snap.nbytes, time.time(), snap.canonical, tag
         )
         slot.disk[key] = entry
         for old_key, old in list(slot.disk.items()):
             superseded = snap.tokens[: len(old.tokens)] == old.tokens and _exact_n(old) <= _exact_n(
                 snap
             )
-            if old_key != key and superseded:
+            if old_key != key and old.tag == tag and superseded:
                 self._delete(slot, old_key)  # superseded by the longer state
         self._trim_disk(slot)
 

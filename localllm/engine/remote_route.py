@@ -105,6 +105,7 @@ def body_of(request: Request, model_id: str) -> tuple[str, dict[str, Any]]:
         ("speculate", request.speculate is not None, "the engine does its own decoding"),
         ("draft_model", request.draft_model is not None, "the engine does its own decoding"),
         ("deterministic", bool(request.deterministic), "the engine schedules its own batches"),
+        ("lora", request.lora is not None, "adapters are this machine's (serve them by name)"),
     ]
     for field, present, why in refuse:
         if present:

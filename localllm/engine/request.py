@@ -76,6 +76,9 @@ class Request:
     infill: Infill | None = None  # a repo-level FIM prompt instead of messages or prompt
     # the wire's response_format (with params.grammar): what a remote engine is sent
     response_format: Mapping[str, Any] | None = None
+    # LoRA adapters as (id, scale), the others off (llama-server's per-request `lora`);
+    # None: the model's global scales (engine/adapters.py)
+    lora: tuple[tuple[int, float], ...] | None = None
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from localllm.backends.base import (
     MemoryProfile,
     ModelRef,
 )
-from localllm.config import KV_CACHE_TYPES, Settings
+from localllm.config import KV_CACHE_TYPES, Settings, lora_spec
 from localllm.engine.lifecycle import Lifecycle, ModelHooks
 from localllm.engine.load_plan import Planner
 from localllm.engine.placement import Plan, plan, prepare
@@ -181,6 +181,19 @@ class Residency(Planner):
                 f"({exc.public_message}); it stays at {info.n_ctx} tokens"
             ) from None
 
+    def _loras_for(self, ref: ModelRef) -> tuple[tuple[str, float], ...]:
+        """The LoRA adapters `ref` loads with: the `lora` setting's, when `ref` is the
+        setting's model (an adapter fits the one base model it was trained on)."""
+        if not self.settings.lora:
+            return ()
+        try:
+            mine = self.store.resolve(self.settings.model)
+        except LocalLLMError:
+            return ()
+        if mine.path.resolve() != ref.path.resolve():
+            return ()
+        return tuple(lora_spec(spec) for spec in self.settings.lora)
+
     def keep_alive(self, seconds: float | None) -> float | None:
         """A keep-alive in seconds (the setting's when None); negative: forever. Not a
         number or infinite counts as forever too (the wire and the config refuse those
@@ -205,6 +218,7 @@ class Residency(Planner):
             progress=progress,
             n_seq=need.n_seq,
             kv_type=profile.kv_dtype if profile.kv_dtype in KV_CACHE_TYPES else "f16",
+            loras=self._loras_for(ref),
         )
         try:
             model, reason, target = self._load_with_backend(ref, options)

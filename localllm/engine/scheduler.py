@@ -17,6 +17,10 @@ Interactive requests (`"priority": "high"`, or a raw completion with a small
 prefilled first; every decoding sequence still gets its token each step, so a
 long stream is slowed, never starved.
 
+Requests that run with different LoRA adapters (engine/adapters.py) are not batched
+together: a llama.cpp context applies one set of adapters per decode, so each step takes
+the requests of one set, the sets taking turns step by step.
+
 A deterministic request runs alone: it waits for the running ones to finish and
 holds back the rest until it ends, reads its prompt in aligned blocks and reuses
 only exact prefixes, so its output does not depend on the cache or other clients.
@@ -63,6 +67,8 @@ class Scheduler:
         self._last_used = [0.0] * model.n_seq
         self._arrivals = 0
         self._steps = 0
+        self._turn = 0  # which set of adapters steps next, when requests want several
+        self._tags = [""] * model.n_seq  # the adapters each sequence's KV was computed under
 
     # -- the queue ---------------------------------------------------------------------
     @property
@@ -170,11 +176,15 @@ class Scheduler:
 
     def _start(self, job: Job, free: list[int]) -> None:
         adm = self._hooks.admit(job)
-        model, prompt = self.model, adm.prompt
-        seq = max(
-            free, key=lambda s: (common_prefix(model.seq_tokens(s), prompt), -self._last_used[s])
-        )
-        self._hooks.prepare(prompt, seq, adm.exact)
+        model, prompt, tag = self.model, adm.prompt, adm.adapters.tag
+
+        def reuse(s: int) -> tuple[int, float]:
+            shared = common_prefix(model.seq_tokens(s), prompt) if self._tags[s] == tag else 0
+            return shared, -self._last_used[s]
+
+        seq = max(free, key=reuse)
+        self._hooks.prepare(prompt, seq, adm.exact, tag)
+        self._tags[seq] = tag
         cached = reusable_prefix(model.seq_tokens(seq, exact=adm.exact), prompt, exact=adm.exact)
         if not model.seq_keep(seq, cached):
             cached = 0
@@ -200,6 +210,7 @@ class Scheduler:
             t0=time.perf_counter(),
             constraint=constraint,
             logprobs=params.logprobs,
+            adapters=adm.adapters,
         )
 
     # -- one step ----------------------------------------------------------------------
@@ -215,6 +226,7 @@ class Scheduler:
             return
         t = time.perf_counter()
         try:
+            self.model.use_adapters(self.active[work[0].seq].adapters.scales)
             self.model.step(work)
         except Exception as exc:  # the sequences in the batch end; the others go on
             error = _failure(exc, "a batched step failed")
@@ -256,6 +268,7 @@ class Scheduler:
         self._steps += 1
         if self._steps % 2 and any(r.high and not r.prefilling for r in running):
             running = [r for r in running if r.high]
+        running = self._one_adapter_set(running)
         decoding = [r for r in running if not r.prefilling and not paused(r)]
         work: list[SeqWork] = []
         plans: list[list[int]] = []
@@ -284,6 +297,16 @@ class Scheduler:
             plans.append([])
             budget -= n
         return work, plans
+
+    def _one_adapter_set(self, running: list[Running]) -> list[Running]:
+        """The requests of one set of adapters, when they want several: each set in turn,
+        earliest first (a step applies one set)."""
+        sets = list(dict.fromkeys(r.adapters.scales for r in running))
+        if len(sets) < 2:
+            return running
+        self._turn += 1
+        chosen = sets[self._turn % len(sets)]
+        return [r for r in running if r.adapters.scales == chosen]
 
     def _draft(self, r: Running) -> list[int]:
         if r.drafter is None or r.pending is None or r.constraint or r.logprobs is not None:

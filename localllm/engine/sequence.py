@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from localllm.backends.base import Chunk, Drafter, TokenLogprob
 from localllm.backends.common import DraftCounts
 from localllm.backends.textstream import TextAssembler
+from localllm.engine.adapters import BASE, Applied
 from localllm.engine.grammar import Constraint
 from localllm.engine.request import Job, Started
 
@@ -42,6 +43,7 @@ class Running:
     logprobs: int | None = None  # report log probabilities, with this many alternatives
     picked: TokenLogprob | None = None  # the last sampled token's, when reported
     held: bool = False  # paused at the last step: its reader is behind (see `paused`)
+    adapters: Applied = BASE  # the LoRA adapters its steps run with
 
     @property
     def prefilling(self) -> bool:
@@ -63,6 +65,7 @@ class Admission:
     started: Started
     drafter: Drafter | None
     exact: bool
+    adapters: Applied = BASE  # the LoRA adapters it runs with (engine/adapters.py)
 
 
 class Hooks(Protocol):
@@ -73,8 +76,9 @@ class Hooks(Protocol):
         """The request made ready to run, or the typed error it fails with."""
         ...
 
-    def prepare(self, prompt: list[int], seq: int, exact: bool) -> None:
-        """Put the best cached KV state for `prompt` into sequence `seq`."""
+    def prepare(self, prompt: list[int], seq: int, exact: bool, tag: str = "") -> None:
+        """Put the best cached KV state for `prompt` into sequence `seq`, among the states
+        computed under the adapters `tag` names ("": none)."""
         ...
 
     def ended(self, job: Job, run: Running, final: Chunk | None) -> None:

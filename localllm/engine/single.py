@@ -11,6 +11,7 @@ from typing import Any
 
 from localllm.backends.base import Chunk, Decoding, Drafter, SamplingParams
 from localllm.backends.common import check_request
+from localllm.engine.adapters import applied
 from localllm.engine.request import END, Job, Request, Started
 from localllm.engine.scheduler import Scheduler
 from localllm.engine.sequence import Admission, Running
@@ -29,9 +30,10 @@ class _Alone:
         assert job.prompt is not None
         tokens = job.prompt[0]
         started = Started(self._model.info.id, len(tokens))
-        return Admission(tokens, started, self._drafter, self._exact)
+        adapters = applied(self._model.adapters, None)  # their global scales
+        return Admission(tokens, started, self._drafter, self._exact, adapters)
 
-    def prepare(self, prompt: list[int], seq: int, exact: bool) -> None:
+    def prepare(self, prompt: list[int], seq: int, exact: bool, tag: str = "") -> None:
         pass
 
     def ended(self, job: Job, run: Running, final: Chunk | None) -> None:

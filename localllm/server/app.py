@@ -20,6 +20,7 @@ from localllm.server.admin import router as admin_router
 from localllm.server.anthropic.routes import router as anthropic_router
 from localllm.server.errors import install_error_handlers
 from localllm.server.guard import Guard, origin_pattern
+from localllm.server.llamacpp.lora import router as lora_router
 from localllm.server.llamacpp.rerank import router as rerank_router
 from localllm.server.llamacpp.routes import router as llamacpp_router
 from localllm.server.metrics import Telemetry
@@ -112,6 +113,7 @@ def create_app(
     app.include_router(ollama_embeddings_router)
     app.include_router(llamacpp_router)
     app.include_router(rerank_router)
+    app.include_router(lora_router)
     app.include_router(responses_router)
     install_openapi(app)
 
@@ -131,6 +133,7 @@ def create_app(
         ollama_embeddings_router,
         llamacpp_router,
         rerank_router,
+        lora_router,
         responses_router,
     ]
     every = [r for each in routers for r in each.routes] + list(app.routes)

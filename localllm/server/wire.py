@@ -88,6 +88,21 @@ class ToolDef(Wire):
     function: FunctionDef
 
 
+MAX_LORA_SCALE = 100.0  # |scale| of a LoRA adapter (llama-server sets no bound; 1 is usual)
+
+
+class LoraScale(Wire):
+    """One adapter in llama-server's `lora` list (a request's, or POST /lora-adapters)."""
+
+    id: int = Field(ge=0, le=1023)
+    scale: float = Field(ge=-MAX_LORA_SCALE, le=MAX_LORA_SCALE, allow_inf_nan=False)
+
+
+def lora_scales(items: Sequence[LoraScale] | None) -> tuple[tuple[int, float], ...] | None:
+    """The engine's form of a `lora` list (None: the request named none)."""
+    return None if items is None else tuple((a.id, float(a.scale)) for a in items)
+
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 

@@ -340,7 +340,8 @@ def test_localllm_only_fields_are_refused_for_a_remote(engines: dict):
     client = client_of(engines["front"].base)
     for extra, field in (({"speculate": "lookup"}, "speculate"),
                          ({"draft_model": "starter"}, "draft_model"),
-                         ({"deterministic": True}, "deterministic")):
+                         ({"deterministic": True}, "deterministic"),
+                         ({"lora": [{"id": 0, "scale": 1.0}]}, "lora")):
         with pytest.raises(openai.BadRequestError) as err:
             client.chat.completions.create(model="team/smol", messages=ASK, max_tokens=2,
                                            extra_body=extra)

@@ -69,6 +69,7 @@ LAYER_VALUES: dict[str, tuple[object, str, object]] = {
     "force_load": (True, "no", True),
     "speculate": ("off", "lookup", "draft"),
     "draft_model": ("d1", "d2", "d3"),
+    "lora": (["/dev/null:0.5"], "/dev/null, /dev/null:2", ("/dev/null",)),  # files that exist
     "log_level": ("info", "debug", "error"),
     "allowed_hosts": (["a.test"], "b.test, c.test", ("d.test",)),
     "allowed_origins": (["https://a.test"], "https://b.test", ("*",)),
@@ -147,7 +148,11 @@ def test_words_the_environment_may_use(tmp_path: Path):
     for key, value, said in [("LOCALLLM_DRAIN_S", "soon", "LOCALLLM_DRAIN_S: drain_s = 'soon'"),
                              ("LOCALLLM_NO_AUTH", "maybe", "no_auth = 'maybe' is not valid"),
                              ("LOCALLLM_KV_CACHE_TYPE", "q3_k",
-                              "kv_cache_type must be one of f16, q8_0, q4_0, got 'q3_k'")]:
+                              "kv_cache_type must be one of f16, q8_0, q4_0, got 'q3_k'"),
+                             ("LOCALLLM_LORA", "/no/such/lora.gguf:0.5",
+                              "lora: there is no LoRA adapter at /no/such/lora.gguf"),
+                             ("LOCALLLM_LORA", "/dev/null:inf",
+                              "lora: the scale in '/dev/null:inf' must be a finite number")]:
         with pytest.raises(ConfigError, match=said):
             load_settings(env={**env, key: value})
     cfg = tmp_path / "c.toml"

@@ -134,6 +134,24 @@ def test_grammars_compile_for_every_format():
     assert not tools.constrained("generic", spec("none"))
 
 
+def test_a_generic_answer_in_text_is_never_empty(tmp_path):
+    """tool_choice auto on a model without a tool template: the reply is a call list or
+    {"content": "..."}, and the grammar does not let the content be empty (a small model
+    would otherwise answer nothing and it would pass as a success)."""
+    from localllm.backends.base import LoadOptions
+    from localllm.backends.fake import FakeModel, Script, write_fake_model
+
+    model = FakeModel(write_fake_model(tmp_path / "fake.gguf"), LoadOptions(), Script())
+    source = tools.lark_grammar("generic", spec("auto"), json.dumps)
+    constraint = grammar.Constraint(model, grammar.from_lark(source, param="tools"))
+    for byte in b'{"content": "':
+        assert constraint.allowed()[byte], chr(byte)
+        constraint.accept(byte)
+    allowed = constraint.allowed()
+    assert not allowed[ord('"')]  # the string may not close at once
+    assert allowed[ord("O")] and allowed[ord(" ")]
+
+
 def test_closed_schema_keeps_what_it_says():
     schema = {"type": "object", "properties": {
         "a": {"type": "object", "properties": {"x": {"type": "integer"}}},

@@ -68,6 +68,7 @@ class InfillBody(wire.Wire):
     # llama-server's number of completions for one prompt (llama.vscode asks for 3):
     # answered as a list of that many results (see _alternative)
     n_cmpl: int = Field(default=1, ge=1, le=MAX_COMPLETIONS)
+    lora: list[wire.LoraScale] | None = Field(default=None, max_length=64)
 
     def sampling(self) -> SamplingParams:
         # n_predict 0 reads the prompt only (llama.vim warms the cache with it)
@@ -172,7 +173,9 @@ async def _fill(
     `t_max_predict_ms` has passed since the first token, at the next newline (the
     engine's `newline_deadline_s`, reported as stop type "limit")."""
     t0 = time.perf_counter()
-    req = EngineRequest(params, infill=spec, model=body.model, **who(request))
+    req = EngineRequest(
+        params, infill=spec, model=body.model, lora=wire.lora_scales(body.lora), **who(request)
+    )
     stream, started = await start(request, req)
     watcher = asyncio.create_task(cancel_on_disconnect(stream, request))
     text = ""

@@ -17,11 +17,13 @@ from localllm.server.wire import (
     MAX_STOP_STRINGS,
     MAX_TOKEN_ID,
     KeepAlive,
+    LoraScale,
     Name,
     Text,
     TokenId,
     ToolDef,
     Wire,
+    lora_scales,
     tool_spec,
 )
 
@@ -149,6 +151,9 @@ class SamplingFields(Wire):
     priority: Literal["high", "normal"] | None = None
     # extension: run alone, output independent of the prompt cache and other clients
     deterministic: bool | None = None
+    # llama-server's LoRA adapters for this request (ids from GET /lora-adapters; the
+    # others off); without it, the adapters' global scales
+    lora: list[LoraScale] | None = Field(default=None, max_length=64)
 
     def extensions(self) -> dict[str, Any]:
         """The engine request's fields that come from localllm's extension fields."""
@@ -158,6 +163,7 @@ class SamplingFields(Wire):
             "draft_model": self.draft_model,
             "priority": self.priority,
             "deterministic": self.deterministic,
+            "lora": lora_scales(self.lora),
         }
 
     @field_validator("stop")
