@@ -66,6 +66,9 @@ class SamplingParams:
     # a chat template's own turn markers, written out as text by a model that runs on into
     # an invented next turn: they end the answer like stop strings, reported as a plain stop
     end_markers: tuple[str, ...] = ()
+    # the answer may not end (an end-of-generation token) before this many tokens: a reply
+    # that may call tools or answer in text says something (engine/prompt.py)
+    min_tokens: int = 0
     # the fields the caller set; the others take the model's recommended values (None:
     # every field is the caller's, as for params built directly)
     given: frozenset[str] | None = None

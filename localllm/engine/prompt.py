@@ -193,6 +193,10 @@ def with_tool_grammar(model: LoadedModel, request: Request) -> tuple[Request, st
     fmt = tools.format_for(model.info.chat_template)
     if spec.choice.mode == "none":
         return request, None
+    if spec.choice.mode == "auto":  # a call or an answer in text, never nothing at all
+        request = dataclasses.replace(
+            request, params=dataclasses.replace(request.params, min_tokens=1)
+        )
     if not tools.constrained(fmt, spec):
         return request, fmt
     if request.params.grammar is not None:

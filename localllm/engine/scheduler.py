@@ -32,6 +32,8 @@ import logging
 import time
 from typing import Any
 
+import numpy as np
+
 from localllm.backends.base import Chunk, Decoding, FinishReason, SeqWork
 from localllm.backends.common import (
     ALIGN,
@@ -335,12 +337,23 @@ class Scheduler:
         noting its log probability when the request asked for them."""
         logits = self.model.logits(r.seq, row) if r.logprobs is not None else None
         allowed = r.constraint.allowed() if r.constraint is not None else None
+        if r.generated + row < r.job.request.params.min_tokens:
+            allowed = self._no_end(allowed)
         tok = self.model.sample(r.sampler, r.seq, row, allowed)
         if r.constraint is not None:
             r.constraint.accept(tok)
         if logits is not None:
             r.picked = token_logprob(logits, tok, r.logprobs or 0, self.model.piece)
         return tok
+
+    def _no_end(self, allowed: np.ndarray | None) -> np.ndarray:
+        """`allowed` (None: every token) without the end-of-generation tokens, unless
+        nothing else would be left."""
+        info = self.model.info
+        mask = np.ones(info.n_vocab, dtype=np.bool_) if allowed is None else allowed.copy()
+        ends = [t for t in info.eog_ids if t < len(mask)]
+        mask[ends] = False
+        return mask if mask.any() else (allowed if allowed is not None else ~mask)
 
     def _sampled(self, r: Running, tok: int, from_draft: int) -> bool:
         """Send one generated token; False when the request ended with it."""

@@ -165,6 +165,24 @@ def test_native_hermes_calls(hermes_server: ServerProcess):
     assert (finish == "tool_calls") == bool(deltas)
 
 
+def test_auto_never_answers_nothing(hermes_server: ServerProcess):
+    """Under tool_choice auto a model whose first token would end the answer (staged with
+    a logit bias on the starter's end tokens) still says something: the end is ruled out
+    for the first token, so the reply is a call or text, never an empty success. Without
+    tools the same request is allowed its empty answer."""
+    ends = {"0": 100, "2": 100}  # <|endoftext|> and <|im_end|>
+    client = client_of(hermes_server)
+    plain = client.chat.completions.create(
+        model="hermes-starter", messages=ASK, max_tokens=8, temperature=0, logit_bias=ends)
+    assert plain.choices[0].message.content == ""  # what the bias alone does
+    auto = client.chat.completions.create(
+        model="hermes-starter", messages=ASK, tools=TOOLS, tool_choice="auto", max_tokens=8,
+        temperature=0, logit_bias=ends)
+    message = auto.choices[0].message
+    assert message.content or message.tool_calls
+    assert usage_of(auto).completion_tokens >= 1
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_json_schema_answers_validate(server: ServerProcess, seed: int):
     schema: dict[str, object] = {"type": "object", "properties": {
