@@ -312,6 +312,9 @@ async def show(body: NameBody, request: Request) -> JSONResponse:
     )
     info = {
         "general.architecture": meta.arch,
+        # Copilot's Ollama provider names the model by general.basename
+        "general.basename": meta.name,
+        "general.name": meta.name,
         "general.parameter_count": meta.params,
         "general.file_type": meta.quant,
         f"{meta.arch}.context_length": meta.n_ctx_train,
