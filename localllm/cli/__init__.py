@@ -40,6 +40,7 @@ COMMANDS = (
     "convert",
     "quantize",
     "evaluate",
+    "bench",
     "show",
     "completion",
     "keys",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import THREADS
+from tests.conftest import THREADS, ServerProcess, free_port
 
 
 def cli(*args: str, stdin: str | None = None, tmp: Path) -> subprocess.CompletedProcess[str]:
@@ -73,6 +74,25 @@ def test_list_info_and_ps_as_json(tmp_path: Path, server):
     assert ps.returncode == 0, ps.stderr
     health = json.loads(ps.stdout)
     assert health["status"] == "ok" and health["models"][0]["model"] == "starter"
+
+
+@pytest.mark.process
+def test_bench_measures_a_running_server(tmp_path: Path, server: ServerProcess):
+    """`localllm bench` against a server (here by --url, as it is pointed at llama-server
+    for a paired figure): every figure measured, the follow-up served from the cache."""
+    r = cli("bench", "--url", server.base, "--rounds", "1", "--tokens", "8", "--json",
+            tmp=tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["model"] == "starter" and got["rounds"] == 1
+    for key in ("one_stream_decode_tps", "four_streams_aggregate_tps",
+                "one_stream_first_token_s", "four_streams_slowest_first_token_s",
+                "cold_prompt_first_token_s", "follow_up_first_token_s"):
+        assert got[key] > 0, key
+    assert got["cold_prompt_tokens"] > 1000
+    assert 0.5 < got["follow_up_cached_share"] <= 1.0
+    gone = cli("bench", "--port", str(free_port()), "--rounds", "1", tmp=tmp_path)
+    assert gone.returncode == 1 and "no OpenAI-compatible server answers at" in gone.stderr
 
 
 @pytest.mark.parametrize(
