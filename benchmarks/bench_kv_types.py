@@ -13,6 +13,8 @@ The order of the types alternates between rounds; the figures are medians (perpl
 the same every time, is scored in the first round).
 
     python -m benchmarks.bench_kv_types [--rounds N]
+    python -m benchmarks.bench_kv_types --model starter-mlx --depth 512 --ppl-tokens 2048 \
+        --window 512   # MLX (after `localllm convert starter --to mlx`): smaller, it is slow
 """
 
 from __future__ import annotations
@@ -36,14 +38,14 @@ PPL_TOKENS = 8192
 WINDOW = 1024
 
 
-def one(kv_type: str, text: str, *, score: bool) -> dict[str, float]:
+def one(kv_type: str, text: str, args: argparse.Namespace, *, score: bool) -> dict[str, float]:
     settings = Settings(n_threads=THREADS)
-    ref = ModelStore.from_settings(settings).resolve("starter")
+    ref = ModelStore.from_settings(settings).resolve(args.model)
     model = load_for_eval(
         ref, models_dir=settings.models_dir, window=4096, n_threads=THREADS, kv_type=kv_type
     )
     try:
-        prompt = model.tokenize(text)[:DEPTH]
+        prompt = model.tokenize(text)[: args.depth]
         params = SamplingParams(temperature=0.0, max_tokens=64)
         t0 = time.perf_counter()
         stats = None
@@ -54,12 +56,13 @@ def one(kv_type: str, text: str, *, score: bool) -> dict[str, float]:
         state = model.save_kv(exact=False)
         out = {
             "kv_per_token": state.nbytes / len(state.tokens),
-            "prompt_tps": DEPTH / stats.ttft_s,
+            "prompt_tps": args.depth / stats.ttft_s,
             "decode_tps": stats.decode_tps,
             "wall_s": time.perf_counter() - t0,
         }
         if score:  # the same every time: scored in the first round only
-            out["ppl"] = perplexity(model, text, window=WINDOW, max_tokens=PPL_TOKENS).value
+            ppl = perplexity(model, text, window=args.window, max_tokens=args.ppl_tokens)
+            out["ppl"] = ppl.value
         return out
     finally:
         model.close()
@@ -68,23 +71,27 @@ def one(kv_type: str, text: str, *, score: bool) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--model", default="starter", help="a model in the store")
+    parser.add_argument("--depth", type=int, default=DEPTH, help="prompt tokens")
+    parser.add_argument("--ppl-tokens", type=int, default=PPL_TOKENS)
+    parser.add_argument("--window", type=int, default=WINDOW)
     args = parser.parse_args()
     assert starter_path().exists()
     text = heldout_text()
     runs: dict[str, list[dict[str, float]]] = {t: [] for t in TYPES}
     for r in range(args.rounds):
         for kv_type in TYPES if r % 2 == 0 else tuple(reversed(TYPES)):
-            runs[kv_type].append(one(kv_type, text, score=r == 0))
+            runs[kv_type].append(one(kv_type, text, args, score=r == 0))
             print(kv_type, runs[kv_type][-1], flush=True)
     med = {
         t: {k: statistics.median(x[k] for x in runs[t] if k in x) for k in runs[t][0]}
         for t in TYPES
     }
     base = med["f16"]
-    print(f"\n{machine()}; {args.rounds} rounds, medians\n")
+    print(f"\n{machine()}; {args.model}; {args.rounds} rounds, medians\n")
     print(
         "| KV type | KV bytes / token | vs f16 | prompt tok/s | vs f16 | decode tok/s at "
-        f"{DEPTH} | vs f16 | perplexity ({PPL_TOKENS} tokens) | vs f16 |"
+        f"{args.depth} | vs f16 | perplexity ({args.ppl_tokens} tokens) | vs f16 |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in TYPES:

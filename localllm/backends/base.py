@@ -426,6 +426,7 @@ class MemoryProfile:
     kv_dtype: str  # what one KV element is stored as: f32, f16, q8_0 or q4_0
     gpu_offload: bool  # whether its layers go to a GPU's memory (then VRAM is what counts)
     quantized_kv: bool = True  # whether it stores the KV as kv_cache_type says (else its own)
+    kv_block: int = 32  # values per block of its quantized KV (ggml's 32; mlx-lm's group, 64)
 
     @property
     def kv_scale(self) -> float:

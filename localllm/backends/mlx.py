@@ -19,13 +19,13 @@ import itertools
 import json
 import logging
 import random
-import struct
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from localllm.backends import mlx_kv
 from localllm.backends.base import (
     FimTokens,
     KVSnapshot,
@@ -66,7 +66,6 @@ log = logging.getLogger(__name__)
 
 PENALTY_LAST_N = 64  # as on llama.cpp
 _NEEDS = ("mlx", "mlx_lm", "tokenizers")
-_RAW = {2: "uint16", 4: "uint32"}  # an unsigned type of each float width, to move raw bits
 
 
 def mlx_device() -> str:
@@ -89,11 +88,10 @@ class MlxBackend:
         return ref.format == "mlx"
 
     def memory_profile(self, ref: ModelRef, n_ctx: int | None) -> MemoryProfile:
-        # on Apple Silicon the KV is f16 in unified memory; on a CPU MLX computes in f32
-        # kv_cache_type is not applied here yet (mlx-lm's quantized cache keeps its arrays
-        # in another layout than the one the KV states below read and write)
+        # on Apple Silicon the KV is f16 in unified memory; on a CPU MLX computes in f32;
+        # kv_cache_type q8_0 / q4_0 is mlx-lm's quantized cache (backends/mlx_kv.py)
         kv = "f16" if apple_silicon() else "f32"
-        return MemoryProfile(kv, gpu_offload=False, quantized_kv=False)
+        return MemoryProfile(kv, gpu_offload=False, kv_block=mlx_kv.KV_GROUP)
 
     def load(self, ref: ModelRef, options: LoadOptions) -> MlxModel:
         return MlxModel(ref, options)
@@ -105,7 +103,6 @@ class MlxModel:
     def __init__(self, ref: ModelRef, options: LoadOptions) -> None:
         import mlx.core as mx
         from mlx.utils import tree_map
-        from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.utils import load_model
         from tokenizers import Tokenizer
 
@@ -132,7 +129,7 @@ class MlxModel:
             mx.eval(model.parameters())
         self._model: Any = model
         self._tok = tokenizer
-        self._make_cache = lambda: make_prompt_cache(model)
+        self._make_cache = lambda: mlx_kv.make_caches(model, options.kv_type)
         self.n_seq = max(1, options.n_seq)
         self._caches: list[list[Any]] = [self._make_cache() for _ in range(self.n_seq)]
         self._kvs = [KVLedger() for _ in range(self.n_seq)]
@@ -142,6 +139,7 @@ class MlxModel:
         self._tok_config = read_json(folder / "tokenizer_config.json")
         self._pieces = self._piece_table(folder)
         self.info = self._describe(ref, folder, config, options)
+        self.info.extra["kv_type"] = options.kv_type if options.kv_type in mlx_kv.KV_BITS else "f16"
         report(1.0)
 
     # -- metadata ------------------------------------------------------------------
@@ -285,29 +283,20 @@ class MlxModel:
         return self._kvs[seq].prefix()
 
     def save_kv(self, seq: int = 0, *, exact: bool = True) -> KVSnapshot:
-        mx, kv = self._mx, self._kvs[seq]
+        kv = self._kvs[seq]
         if (exact and not self._truncate(kv.canonical, seq)) or not kv.tokens:
             return KVSnapshot((), 0, [])
-        n = len(kv.tokens)
-        # slices are new arrays: later decoding into the live cache cannot alter these
-        layers = [(c.keys[..., :n, :], c.values[..., :n, :]) for c in self._caches[seq]]
-        mx.eval(layers)
-        nbytes = sum(k.nbytes + v.nbytes for k, v in layers)
-        return KVSnapshot(tuple(kv.tokens), nbytes, layers, canonical=kv.canonical)
+        layers = mlx_kv.snapshot(self._caches[seq], len(kv.tokens))
+        self._mx.eval(layers)
+        return KVSnapshot(tuple(kv.tokens), mlx_kv.nbytes(layers), layers, canonical=kv.canonical)
 
     def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
         self._reset_kv(seq)
-        layers = snapshot.payload
-        cache = self._caches[seq]
-        if len(layers) != len(cache) or not snapshot.tokens:
+        if not snapshot.tokens:
             return False
-        n = len(snapshot.tokens)
-        for c, (k, v) in zip(cache, layers, strict=True):
-            if not hasattr(c, "offset") or k.shape[2] != n:
-                self._reset_kv(seq)
-                return False
-            # the cache writes past n into new arrays (it grows by concatenation when full)
-            c.keys, c.values, c.offset = k, v, n
+        if not mlx_kv.restore(self._caches[seq], snapshot.payload, len(snapshot.tokens)):
+            self._reset_kv(seq)
+            return False
         self._kvs[seq].restored(snapshot.tokens, canonical=len(snapshot.exact_tokens))
         return True
 
@@ -323,13 +312,9 @@ class MlxModel:
         if n <= 0 or src == dst:
             return n <= 0
         n = min(n, len(self._kvs[src].tokens))
-        for mine, theirs in zip(self._caches[dst], self._caches[src], strict=True):
-            if not hasattr(theirs, "offset"):
-                self._reset_kv(dst)
-                return False
-            mine.keys = theirs.keys[..., :n, :]
-            mine.values = theirs.values[..., :n, :]
-            mine.offset = n
+        if not mlx_kv.copy(self._caches[dst], self._caches[src], n):
+            self._reset_kv(dst)
+            return False
         self._kvs[dst].copied(self._kvs[src], n)
         return True
 
@@ -405,53 +390,11 @@ class MlxModel:
         return pieces[token] if token < len(pieces) else b""
 
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
-        import numpy as np
-
-        layers = snapshot.payload
-        if not layers:
-            return b""
-        k0 = layers[0][0]
-        _, heads, n, dim = k0.shape
-        raw = _RAW[k0.itemsize]
-        head = struct.pack(
-            "<4s16sIIII", b"LLKV", str(k0.dtype).encode(), len(layers), heads, n, dim
-        )
-        parts = [head]
-        for k, v in layers:
-            parts.append(np.asarray(k.view(getattr(self._mx, raw))).tobytes())
-            parts.append(np.asarray(v.view(getattr(self._mx, raw))).tobytes())
-        return b"".join(parts)
+        return mlx_kv.dump(snapshot.payload)
 
     def undump_kv(self, tokens: Sequence[int], data: bytes) -> KVSnapshot:
-        import numpy as np
-
-        mx = self._mx
-        size = struct.calcsize("<4s16sIIII")
-        try:
-            magic, dtype_name, n_layers, heads, n, dim = struct.unpack_from("<4s16sIIII", data)
-        except struct.error:
-            raise ValueError("too short for a KV state") from None
-        dtype = getattr(mx, dtype_name.rstrip(b"\0").decode().removeprefix("mlx.core."), None)
-        if magic != b"LLKV" or dtype is None or n != len(tokens):
-            raise ValueError("not a KV state of these tokens")
-        if n_layers != len(self._caches[0]):
-            raise ValueError(f"{n_layers} layers, the model has {len(self._cache)}")
-        itemsize = dtype.size
-        per = heads * n * dim * itemsize
-        if len(data) != size + 2 * n_layers * per:
-            raise ValueError(f"{len(data)} bytes, expected {size + 2 * n_layers * per}")
-        raw = getattr(mx, _RAW[itemsize])
-        np_raw = np.dtype(f"<u{itemsize}")
-        layers = []
-        for i in range(n_layers):
-            arrays = []
-            for j in range(2):
-                off = size + (2 * i + j) * per
-                flat = np.frombuffer(data, dtype=np_raw, count=per // itemsize, offset=off)
-                arrays.append(mx.array(flat).view(raw).view(dtype).reshape(1, heads, n, dim))
-            layers.append((arrays[0], arrays[1]))
-        mx.eval(layers)
-        return KVSnapshot(tuple(tokens), 2 * n_layers * per, layers)
+        layers = mlx_kv.undump(data, len(tokens), len(self._caches[0]))
+        return KVSnapshot(tuple(tokens), mlx_kv.nbytes(layers), layers)
 
     def _prefill(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
         """Evaluate all but the last prompt token in aligned batches; False when cancelled."""
@@ -542,7 +485,10 @@ class MlxModel:
         check_scoring(len(tokens), start, self.info.n_ctx)
         self._reset_kv()
         self.use_adapters(global_scales(self.adapters))
-        logits = self._model(mx.array(tokens[:-1])[None])[0, start - 1 :].astype(mx.float32)
+        # through a fresh cache of the model's kind: a quantized KV cache is what attention reads
+        fresh = self._make_cache()
+        logits = self._model(mx.array(tokens[:-1])[None], cache=fresh)
+        logits = logits[0, start - 1 :].astype(mx.float32)
         norm = mx.logsumexp(logits, axis=-1)
         picked = mx.take_along_axis(logits, mx.array(tokens[start:])[:, None], axis=-1)[:, 0]
         return [float(v) for v in (picked - norm).tolist()]

@@ -142,21 +142,18 @@ class Planner:
 
 def kv_type_refused(ref: ModelRef, kv_type: str, profile: MemoryProfile) -> str | None:
     """Why `ref` cannot store its KV cache as `kv_type` (None: it can): its backend keeps
-    its own, or its attention heads are not a whole number of ggml's 32-value blocks
-    (llama.cpp would refuse the context)."""
+    its own, or its attention heads are not a whole number of the quantized cache's
+    blocks (ggml's 32 values: llama.cpp would refuse the context; mlx-lm's groups of 64)."""
     if not profile.quantized_kv:
-        return f"its backend does not apply kv_cache_type {kv_type} (llama.cpp models only)"
+        return f"its backend does not apply kv_cache_type {kv_type}"
     try:
         meta = read_meta(ref.path, ref.format)
     except LocalLLMError:
         return None  # the load says what is wrong with the file
     head = meta.n_embd // meta.n_head if meta.n_head else 0
-    if head % KV_BLOCK:
+    if head % profile.kv_block:
         return (
-            f"kv_cache_type {kv_type} stores blocks of {KV_BLOCK} values, and its attention "
-            f"heads are {head} wide"
+            f"kv_cache_type {kv_type} stores blocks of {profile.kv_block} values, and its "
+            f"attention heads are {head} wide"
         )
     return None
-
-
-KV_BLOCK = 32  # values per block of ggml's q8_0 and q4_0

@@ -260,5 +260,5 @@ def test_a_model_whose_heads_do_not_fit_the_blocks_keeps_f16(
     assert "blocks of 32 values, and its attention heads are 16 wide" in caplog.text
     mlx_like = MemoryProfile("f32", gpu_offload=False, quantized_kv=False)
     ref = ModelRef(name="tiny-bert", path=store / "tiny-bert.gguf", format="gguf", source="store")
-    assert "llama.cpp models only" in (kv_type_refused(ref, "q4_0", mlx_like) or "")
+    assert "does not apply kv_cache_type q4_0" in (kv_type_refused(ref, "q4_0", mlx_like) or "")
     assert kv_type_refused(ref, "q4_0", CPU_F16) is not None
