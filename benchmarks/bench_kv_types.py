@@ -20,12 +20,13 @@ the same every time, is scored in the first round).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 from benchmarks.common import machine
 from localllm.backends.base import SamplingParams
-from localllm.config import Settings
+from localllm.config import load_settings
 from localllm.engine import single
 from localllm.engine.evaluate import heldout_text, load_for_eval, perplexity
 from localllm.models.starter import starter_path
@@ -39,7 +40,7 @@ WINDOW = 1024
 
 
 def one(kv_type: str, text: str, args: argparse.Namespace, *, score: bool) -> dict[str, float]:
-    settings = Settings(n_threads=THREADS)
+    settings = dataclasses.replace(load_settings(), n_threads=THREADS)  # the user's store
     ref = ModelStore.from_settings(settings).resolve(args.model)
     model = load_for_eval(
         ref, models_dir=settings.models_dir, window=4096, n_threads=THREADS, kv_type=kv_type
