@@ -18,6 +18,12 @@ from localllm.engine.request import Request
 from localllm.errors import ReaderStalled
 
 
+# each step takes 2 ms, as a real model's takes some: at zero delay the worker can write
+# all of an answer before the event loop has run the wake-up of the reader's first read,
+# and a reader whose wake-up is still pending counts as one that keeps up
+SCRIPT = Script(reply="abcdefgh" * 100, delay_s=0.002)
+
+
 def _ask(max_tokens: int) -> Request:
     return Request(SamplingParams(temperature=0.0, max_tokens=max_tokens), model="scripted",
                    messages=[Message("user", "Go on.")])
@@ -34,7 +40,7 @@ async def _until(check: Callable[[], object], what: str) -> None:
 def test_a_reader_that_stops_is_paused_then_gives_its_sequence_up(settings: Settings):
     write_fake_model(settings.models_dir / "scripted.gguf")
     chosen = dataclasses.replace(settings, model="scripted", parallel=1, stall_timeout_s=0.2)
-    engine = Engine(chosen, backends=[FakeBackend(Script(reply="abcdefgh" * 100))])
+    engine = Engine(chosen, backends=[FakeBackend(SCRIPT)])
 
     def rows() -> list[dict]:
         return list(engine.status().activity.get("requests", []))
@@ -69,7 +75,7 @@ def test_a_reader_that_stops_is_paused_then_gives_its_sequence_up(settings: Sett
 def test_a_paused_reader_that_reads_again_goes_on_to_its_end(settings: Settings):
     write_fake_model(settings.models_dir / "scripted.gguf")
     chosen = dataclasses.replace(settings, model="scripted", parallel=1, stall_timeout_s=0.2)
-    engine = Engine(chosen, backends=[FakeBackend(Script(reply="abcdefgh" * 100))])
+    engine = Engine(chosen, backends=[FakeBackend(SCRIPT)])
 
     async def scenario() -> None:
         slow = engine.submit(_ask(300))
