@@ -17,7 +17,6 @@ from localllm.engine.engine import Engine
 from localllm.engine.request import Request
 from localllm.errors import ReaderStalled
 
-
 # each step takes 2 ms, as a real model's takes some: at zero delay the worker can write
 # all of an answer before the event loop has run the wake-up of the reader's first read,
 # and a reader whose wake-up is still pending counts as one that keeps up
