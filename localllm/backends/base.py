@@ -6,6 +6,7 @@ only through `Backend` and `LoadedModel`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -200,6 +201,17 @@ class Adapter:
 
     path: str
     scale: float
+    stamp: str = ""  # the file as it was loaded (size and change time): the cache keys on it
+
+    @classmethod
+    def loaded(cls, path: str, scale: float) -> Adapter:
+        """An adapter just loaded from `path`, its file's stamp read once, here."""
+        try:
+            st = os.stat(path)
+            stamp = f"{st.st_size}:{st.st_mtime_ns}"
+        except OSError:
+            stamp = "?"
+        return cls(os.path.abspath(path), float(scale), stamp)
 
 
 # the adapters a step applies: (adapter id, scale) for each one that is on, by id; (): none

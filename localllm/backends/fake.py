@@ -133,7 +133,7 @@ class FakeModel:
         self._kv: list[list[int]] = [[] for _ in range(self.n_seq)]
         self._generated: dict[int, int] = {}  # per sequence, the tokens sampled this answer
         # LoRA adapters are bookkeeping here: each step's set and sequences are recorded
-        self.adapters = [Adapter(path, scale) for path, scale in options.loras]
+        self.adapters = [Adapter.loaded(path, scale) for path, scale in options.loras]
         self.applying: Scales = ()
         self.steps: list[tuple[Scales, tuple[int, ...]]] = []
         if options.progress is not None:

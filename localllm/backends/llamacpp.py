@@ -19,7 +19,6 @@ import importlib.util
 import itertools
 import logging
 import math
-import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -48,7 +47,6 @@ from localllm.backends.common import (
     batch_bounds,
     chat_tokens,
     check_scoring,
-    penalties,
     pick_logprobs,
     reusable_prefix,
 )
@@ -63,13 +61,12 @@ from localllm.backends.llamacpp_native import (
     load_quietly,
     native,
 )
+from localllm.backends.llamacpp_sampling import sampler_chain
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
 log = logging.getLogger(__name__)
 _GGML_TYPES = {"f16": 1, "q8_0": 8, "q4_0": 2}  # ggml.h's GGML_TYPE_* of each KV type
-
-PENALTY_LAST_N = 64
 
 
 class LlamaCppBackend:
@@ -390,7 +387,7 @@ class LlamaCppModel:
             self._kvs[w.seq].append(w.tokens, exact=w.exact)
 
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
-        return self._sampler(params, history)
+        return sampler_chain(self._ll, self._vocab, params, history)
 
     def sample(self, sampler: Any, seq: int, row: int, allowed: Any = None) -> int:
         i = self._rows[seq][row]
@@ -422,45 +419,6 @@ class LlamaCppModel:
 
     def undump_kv(self, tokens: Sequence[int], data: bytes) -> KVSnapshot:
         return KVSnapshot(tuple(tokens), len(data), data)
-
-    def _sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
-        ll = self._ll
-        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
-        add = ll.llama_sampler_chain_add
-        n_vocab = ll.llama_vocab_n_tokens(self._vocab)
-        if params.logit_bias:
-            biases = (ll.llama_logit_bias * len(params.logit_bias))()
-            for i, (tok, bias) in enumerate(params.logit_bias):
-                biases[i].token, biases[i].bias = tok, bias
-            add(chain, ll.llama_sampler_init_logit_bias(n_vocab, len(biases), biases))
-        penalized = penalties(params)
-        if penalized:
-            add(
-                chain,
-                ll.llama_sampler_init_penalties(
-                    n_vocab,
-                    PENALTY_LAST_N,
-                    params.repeat_penalty,
-                    params.frequency_penalty,
-                    params.presence_penalty,
-                ),
-            )
-        if params.temperature <= 0:
-            add(chain, ll.llama_sampler_init_greedy())
-        else:
-            if params.top_k > 0:
-                add(chain, ll.llama_sampler_init_top_k(params.top_k))
-            if params.top_p < 1.0:
-                add(chain, ll.llama_sampler_init_top_p(params.top_p, 1))
-            if params.min_p > 0.0:
-                add(chain, ll.llama_sampler_init_min_p(params.min_p, 1))
-            add(chain, ll.llama_sampler_init_temp(params.temperature))
-            seed = params.seed if params.seed is not None else random.getrandbits(32)
-            add(chain, ll.llama_sampler_init_dist(seed & 0xFFFFFFFF))
-        if penalized:
-            for tok in history[-PENALTY_LAST_N:]:
-                ll.llama_sampler_accept(chain, tok)
-        return chain
 
     def _decode_one(self, tok: int) -> None:
         ll, one = self._ll, self._one

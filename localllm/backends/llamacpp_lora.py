@@ -32,7 +32,7 @@ class Loras:
         try:
             for path, scale in specs:
                 self._handles.append(_load(ll, model, path))
-                self.adapters.append(Adapter(path, float(scale)))
+                self.adapters.append(Adapter.loaded(path, scale))
         except BaseException:
             self.close()
             raise

@@ -48,7 +48,7 @@ class MlxLoras:
             for _, m in model.named_modules()
             if hasattr(m, "lora_a") and isinstance(getattr(m, "scale", None), (int, float))
         ]
-        self.adapters.append(Adapter(path, float(scale)))
+        self.adapters.append(Adapter.loaded(path, scale))
 
     def use(self, scales: Scales) -> None:
         scale = dict(scales).get(0, 0.0)

@@ -11,9 +11,9 @@ another adapter are another state.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -67,17 +67,9 @@ def check_ids(adapters: Sequence[Adapter], asked: Scales) -> None:
 
 
 def tag(adapters: Sequence[Adapter], scales: Scales) -> str:
-    """The adapters' identity (file, size, change time) and scales, hashed: stable across
-    restarts, so the disk tier of the prompt cache can key on it."""
-    parts = []
-    for i, scale in scales:
-        path = adapters[i].path
-        try:
-            st = os.stat(path)
-            stamp = f"{st.st_size}:{st.st_mtime_ns}"
-        except OSError:
-            stamp = "?"
-        parts.append(f"{os.path.abspath(path)}|{stamp}|{scale!r}")
+    """The adapters' identity (file and its stamp when loaded) and scales, hashed: stable
+    across restarts, so the disk tier of the prompt cache can key on it."""
+    parts = [f"{adapters[i].path}|{adapters[i].stamp}|{scale!r}" for i, scale in scales]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
 
 
@@ -92,4 +84,4 @@ def set_global(adapters: list[Adapter], asked: Scales) -> None:
     check_ids(adapters, asked)
     wanted = dict(asked)
     for i, a in enumerate(adapters):
-        adapters[i] = Adapter(a.path, float(wanted.get(i, 0.0)))
+        adapters[i] = dataclasses.replace(a, scale=float(wanted.get(i, 0.0)))
