@@ -36,8 +36,9 @@ def adapters(tmp_path: Path) -> tuple[str, str]:
     return f"{a}:0.5", str(b)
 
 
-def engine_with(settings: Settings, ref: ModelRef, loras: tuple[str, ...], script: Script,
-                parallel: int) -> Engine:
+def engine_with(
+    settings: Settings, ref: ModelRef, loras: tuple[str, ...], script: Script, parallel: int
+) -> Engine:
     settings = dataclasses.replace(settings, model=str(ref.path), lora=loras, parallel=parallel)
     engine = Engine(settings, backends=[FakeBackend(script)])
     engine.load(str(ref.path))
@@ -60,7 +61,9 @@ def test_requests_with_different_adapters_take_turns_never_sharing_a_step(
         model = engine.with_model(None, lambda m: m)
         assert isinstance(model, FakeModel)
         assert [(a.path.endswith("style.gguf"), a.scale) for a in model.adapters] == [
-            (True, 0.5), (False, 1.0)]
+            (True, 0.5),
+            (False, 1.0),
+        ]
         asks = {
             "global": ask("one"),  # no `lora`: the global scales (0 at 0.5, 1 at 1.0)
             "code": ask("two", ((1, 1.0),)),  # adapter 1 only
@@ -76,9 +79,22 @@ def test_requests_with_different_adapters_take_turns_never_sharing_a_step(
         for t in threads:
             t.start()
         assert gate.held()  # the first request's first step waits: the others queue
-        deadline = time.monotonic() + 30
-        while engine.status().queued < len(asks) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # the worker takes the others in between steps, and their prompts are read on
+        # tokenizer threads: a step at a time, each once no prompt is being read, until
+        # all four run (else "global" could end before "global again" was read and the
+        # two would never meet in a step)
+        (res,) = engine.residency.resident.values()
+        passed, deadline = 0, time.monotonic() + 60
+        while engine.activity()["active"] < len(asks):
+            assert time.monotonic() < deadline, engine.activity()
+            handed_in = engine.activity()["queued"] - len(res.scheduler.waiting)
+            if res.tokenizing and not handed_in:
+                time.sleep(0.01)  # a prompt is being read, and the worker has nothing new
+                continue
+            gate.allow(1)
+            passed += 1
+            assert gate.held(after=passed)
+        assert passed < 8  # "global" has not ended meanwhile
         gate.open()
         for t in threads:
             t.join(60)
