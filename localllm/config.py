@@ -84,6 +84,24 @@ class RouteRule:
     client: str | None = None  # the API key's name ("chat" for the terminal chat)
 
 
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """An MCP server whose tools the chat may offer its model (TOML: [[mcp_servers]]):
+    a command started over stdio, or the URL of a streamable-HTTP server. Its tools are
+    off until the user turns them on for a conversation, and each call is approved."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    url: str | None = None
+    env: dict[str, str] = field(default_factory=dict)  # added to the command's environment
+    enabled: bool = True
+
+
+# the chat's built-in tools (agent/builtin.py), as `chat_tools` names them
+BUILTIN_TOOLS = ("read_file", "list_folder", "search_files", "edit_file", "run_command")
+MAX_AGENT_STEPS = 100
+
 MAX_KEEP_ALIVE_S = 366 * 24 * 3600  # a keep-alive longer than a year is a mistake
 KV_CACHE_TYPES = ("f16", "q8_0", "q4_0")  # what one KV element is stored as
 DEFAULT_PARALLEL = 4  # sequences per model when the `parallel` setting is not given
@@ -140,6 +158,12 @@ class Settings:
     # engines elsewhere (TOML: [[remotes]] tables) and the rules of model "auto" ([[routes]])
     remotes: tuple[Remote, ...] = ()
     routes: tuple[RouteRule, ...] = ()
+    # the chat as an agent: the built-in tools a new conversation starts with (none: each
+    # is turned on in F4), MCP servers ([[mcp_servers]]), and the tool calls an answer
+    # may make before the chat stops it
+    chat_tools: tuple[str, ...] = ()
+    mcp_servers: tuple[McpServer, ...] = ()
+    agent_steps: int = 8
 
     @property
     def models_dir(self) -> Path:
@@ -156,7 +180,7 @@ class Settings:
 _FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 
 
-_TABLES: dict[str, type] = {"remotes": Remote, "routes": RouteRule}
+_TABLES: dict[str, type] = {"remotes": Remote, "routes": RouteRule, "mcp_servers": McpServer}
 
 
 def _tables(name: str, value: Any, source: str) -> tuple[Any, ...]:
@@ -422,6 +446,7 @@ def _validate(s: Settings) -> None:
             f"max_connections_per_client must be 1 to 65536, got {s.max_connections_per_client}"
         )
     _validate_remotes(s)
+    _validate_agent(s)
     if s.max_body_bytes < 1024:
         raise ConfigError(f"max_body_bytes must be at least 1024, got {s.max_body_bytes}")
 
@@ -446,6 +471,33 @@ def _validate_remotes(s: Settings) -> None:
             raise ConfigError(f"routes[{i}].priority must be high or normal, got {rule.priority!r}")
         if rule.model == "auto":
             raise ConfigError(f"routes[{i}].model cannot be auto (it would route to itself)")
+
+
+def _validate_agent(s: Settings) -> None:
+    unknown = [t for t in s.chat_tools if t not in BUILTIN_TOOLS]
+    if unknown:
+        raise ConfigError(
+            f"chat_tools: {', '.join(unknown)} is not a built-in tool; "
+            f"they are {', '.join(BUILTIN_TOOLS)}"
+        )
+    if not 1 <= s.agent_steps <= MAX_AGENT_STEPS:
+        raise ConfigError(f"agent_steps must be 1 to {MAX_AGENT_STEPS}, got {s.agent_steps}")
+    names = [m.name for m in s.mcp_servers]
+    for m in s.mcp_servers:
+        if not m.name or not m.name.replace("-", "").replace("_", "").isalnum():
+            raise ConfigError(
+                f"mcp server name {m.name!r}: letters, digits, - and _ only (its tools are "
+                "offered as NAME__TOOL)"
+            )
+        if names.count(m.name) > 1:
+            raise ConfigError(f"mcp server name {m.name!r} is given {names.count(m.name)} times")
+        if (m.command is None) == (m.url is None):
+            raise ConfigError(
+                f"mcp server '{m.name}': give a command (stdio) or a url (streamable HTTP), "
+                "one of the two"
+            )
+        if m.url is not None and not m.url.startswith(("http://", "https://")):
+            raise ConfigError(f"mcp server '{m.name}': url must start with http:// or https://")
 
 
 def lora_spec(text: str) -> tuple[str, float]:

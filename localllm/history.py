@@ -70,6 +70,10 @@ class ConversationSettings:
     backend: str | None = None  # auto | llamacpp | mlx
     speculate: str | None = None  # off | lookup | draft | auto
     thinking: bool | None = None  # a thinking model's reasoning on/off; None: its template's
+    # the chat's tools (agent/): built-in names and "mcp:SERVER"; None: the config default
+    tools: tuple[str, ...] | None = None
+    tool_folder: str | None = None  # where the file and shell tools work; None: the chat's cwd
+    tool_steps: int | None = None  # tool calls an answer may make; None: the config default
 
     def to_json(self) -> str:
         return json.dumps({k: getattr(self, k) for k in self.__dataclass_fields__})
@@ -80,6 +84,10 @@ class ConversationSettings:
             raw = json.loads(text or "{}")
         except json.JSONDecodeError:
             raw = {}
+        if not isinstance(raw, dict):
+            raw = {}
+        if isinstance(raw.get("tools"), list):
+            raw["tools"] = tuple(str(t) for t in raw["tools"])
         return cls(**{k: v for k, v in raw.items() if k in cls.__dataclass_fields__})
 
 
@@ -250,5 +258,6 @@ class History:
         if conv and conv.settings.system_prompt:
             out += ["**System**", "", conv.settings.system_prompt, ""]
         for m in self.messages(cid):
-            out += [f"**{'You' if m.role == 'user' else 'Assistant'}**", "", m.content, ""]
+            label = {"user": "You", "tool": "Tool result"}.get(m.role, "Assistant")
+            out += [f"**{label}**", "", m.content, ""]
         return "\n".join(out).rstrip() + "\n"

@@ -48,6 +48,7 @@ COMMANDS = (
     "service",
     "logs",
     "remote",
+    "mcp",
     "launch",
 )
 # the settings a command's flags may set (config.Settings' names)

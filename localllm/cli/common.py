@@ -13,7 +13,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from localllm.config import DEFAULT_PORT, KV_CACHE_TYPES, SPECULATE_MODES, Settings, lora_spec
+from localllm.config import (
+    DEFAULT_PORT,
+    KV_CACHE_TYPES,
+    SPECULATE_MODES,
+    Settings,
+    load_settings,
+    lora_spec,
+)
 from localllm.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -295,3 +302,48 @@ def sampling_line(rec: Any) -> str:
         )
     said = ", ".join(f"{k} {v:g}" for k, v in rec.values.items())
     return f"{said} from {rec.source}; the rest localllm's defaults"
+
+
+# -- the config file -------------------------------------------------------------------------
+def write_config(path: Path, change: Any) -> Any:
+    """Apply `change` to the config document (tomlkit: the user's comments and order
+    stay) and write it back whole, to a temporary file first that is read back as
+    settings before it replaces the old one (a failure leaves the old file); the
+    change's result."""
+    import tomlkit
+
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    try:
+        doc = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as exc:
+        raise ConfigError(f"Cannot read config file {path}: {exc}") from None
+    result = change(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    try:
+        load_settings(env={**os.environ, "LOCALLLM_CONFIG": str(tmp)})
+    except ConfigError:
+        tmp.unlink()
+        raise
+    tmp.replace(path)
+    return result
+
+
+def drop_table(doc: Any, key: str, name: str) -> bool:
+    """Remove the [[key]] table named `name`; False when the file has none."""
+    tables = doc.get(key)
+    if tables is None:
+        return False
+    keep = [t for t in tables if t.get("name") != name]
+    if len(keep) == len(tables):
+        return False
+    if keep:
+        import tomlkit
+
+        doc[key] = tomlkit.aot()
+        for t in keep:
+            doc[key].append(t)
+    else:
+        del doc[key]
+    return True

@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from localllm.cli.common import EXIT_USAGE
-from localllm.config import Remote, Settings, config_path, load_settings
-from localllm.errors import ConfigError
+from localllm.cli.common import EXIT_USAGE, drop_table, write_config
+from localllm.config import Remote, Settings, config_path
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
@@ -90,7 +89,7 @@ def _add(settings: Settings, args: argparse.Namespace, path: Path) -> int:
             "anyway\n"
         )
         return 1
-    _write(path, lambda doc: _append(doc, remote))
+    write_config(path, lambda doc: _append(doc, remote))
     names = ", ".join(m.name for m in found) or "none listed yet"
     state = (
         ""
@@ -119,7 +118,7 @@ def _rm(settings: Settings, name: str, path: Path) -> int:
         known = ", ".join(r.name for r in settings.remotes) or "none"
         sys.stderr.write(f"localllm: error: no remote named '{name}' (remotes: {known})\n")
         return EXIT_USAGE
-    removed = _write(path, lambda doc: _drop(doc, name))
+    removed = write_config(path, lambda doc: drop_table(doc, "remotes", name))
     if not removed:
         sys.stderr.write(
             f"localllm: error: '{name}' is not registered in {path}; it comes from "
@@ -170,30 +169,6 @@ def _list(settings: Settings, *, as_json: bool) -> int:
 
 
 # -- the config file -------------------------------------------------------------------------
-def _write(path: Path, change: Any) -> Any:
-    """Apply `change` to the config document and write it back whole (to a temporary
-    file first, then renamed: a failure leaves the old file); the change's result.
-    The written file is read back as settings before it replaces the old one."""
-    import tomlkit
-
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
-    try:
-        doc = tomlkit.parse(text)
-    except tomlkit.exceptions.ParseError as exc:
-        raise ConfigError(f"Cannot read config file {path}: {exc}") from None
-    result = change(doc)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
-    try:
-        load_settings(env={**os.environ, "LOCALLLM_CONFIG": str(tmp)})
-    except ConfigError:
-        tmp.unlink()
-        raise
-    tmp.replace(path)
-    return result
-
-
 def _append(doc: Any, remote: Remote) -> None:
     import tomlkit
 
@@ -209,21 +184,3 @@ def _append(doc: Any, remote: Remote) -> None:
     if "remotes" not in doc:
         doc["remotes"] = tomlkit.aot()
     doc["remotes"].append(table)
-
-
-def _drop(doc: Any, name: str) -> bool:
-    tables = doc.get("remotes")
-    if tables is None:
-        return False
-    keep = [t for t in tables if t.get("name") != name]
-    if len(keep) == len(tables):
-        return False
-    if keep:
-        import tomlkit
-
-        doc["remotes"] = tomlkit.aot()
-        for t in keep:
-            doc["remotes"].append(t)
-    else:
-        del doc["remotes"]
-    return True

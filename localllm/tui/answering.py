@@ -6,6 +6,7 @@ deltas (reasoning folded apart), saved as it grows, and its stats shown at the e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -13,19 +14,27 @@ from pathlib import Path
 from typing import Any
 
 from textual import on, work
-from textual.app import App
 from textual.containers import VerticalScroll
 
 from localllm.backends import reasoning
-from localllm.backends.base import Chunk, CoreModel, Message, ModelInfo, SamplingParams
+from localllm.backends.base import (
+    Chunk,
+    CoreModel,
+    Message,
+    ModelInfo,
+    SamplingParams,
+    ToolCall,
+)
 from localllm.backends.reasoning import without_reasoning
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
 from localllm.engine.request import Request
 from localllm.engine.stream import ChunkStream
 from localllm.errors import ContextOverflow, LocalLLMError
-from localllm.history import Conversation, History
+from localllm.history import Conversation, History, StoredMessage
+from localllm.tui.agent_turns import AgentTurns
 from localllm.tui.attach import Attached, AttachError, attach
+from localllm.tui.loop_guard import LoopGuard
 from localllm.tui.pacing import RedrawPacer
 from localllm.tui.screens.dialogs import FullContextScreen
 from localllm.tui.widgets.chat_input import ChatInput
@@ -43,7 +52,7 @@ def device_label(info: ModelInfo) -> str:
     return f"{info.backend} {info.device}" + (f", {reason}" if reason else "")
 
 
-class Answering(App[None]):
+class Answering(AgentTurns):
     """What sending a prompt and streaming its answer need of the app."""
 
     settings: Settings
@@ -115,10 +124,10 @@ class Answering(App[None]):
     def _request(self, conv: Conversation) -> Request:
         s = conv.settings
         messages = [Message("system", s.system_prompt)] if s.system_prompt.strip() else []
-        messages += [  # an earlier answer's reasoning is not sent again, as templates expect
-            Message(m.role, without_reasoning(m.content) if m.role == "assistant" else m.content)  # type: ignore[arg-type]
+        messages += [
+            _message(m)
             for m in self.history.messages(conv.id)
-            if m.in_context and m.role in ("user", "assistant")
+            if m.in_context and m.role in ("user", "assistant", "tool")
         ]
         params = SamplingParams.asked(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
@@ -129,6 +138,7 @@ class Answering(App[None]):
             speculate=s.speculate,
             client="chat",
             model=self.remote_model,
+            tools=self.agent_for(conv).spec(),
             template_vars=None if s.thinking is None else {"enable_thinking": s.thinking},
         )
 
@@ -199,7 +209,9 @@ class Answering(App[None]):
 
     async def _drop_oldest_turn(self, conv: Conversation, exc: ContextOverflow) -> bool:
         kept = [m for m in self.history.messages(conv.id) if m.in_context]
-        if len(kept) <= 1:
+        # the oldest turn: a prompt, and its answers and tool results up to the next prompt
+        later = next((i for i, m in enumerate(kept) if i > 0 and m.role == "user"), None)
+        if later is None:
             self.notify(
                 f"The prompt alone needs {exc.prompt_tokens:,} tokens and the context holds "
                 f"{exc.n_ctx:,}: shorten it or raise the context size in Settings (F4).",
@@ -207,9 +219,7 @@ class Answering(App[None]):
                 timeout=15,
             )
             return False
-        drop = [kept[0].id]
-        if len(kept) > 2 and kept[1].role == "assistant":
-            drop.append(kept[1].id)
+        drop = [m.id for m in kept[:later]]
         self.history.drop_from_context(drop)
         self.notify(f"Dropped the oldest turn from the context ({len(drop)} messages).")
         await self.open_conversation(conv.id)
@@ -230,18 +240,33 @@ class Answering(App[None]):
         await self._answer_then_stream(new)
 
     async def _answer_then_stream(self, conv: Conversation) -> None:
+        """Answer, and while the answer ends in tool calls: run them (each approved) and
+        answer again, up to the conversation's step limit (tui/agent_turns.py)."""
+        steps = 0
+        while True:
+            calls = await self._answer_once(conv)
+            if not calls:
+                return
+            steps += 1
+            limit = self.tool_choices(conv).steps
+            if not await self.run_calls(conv, calls, over_limit=steps > limit):
+                return
+            conv = self.history.get(conv.id) or conv
+
+    async def _answer_once(self, conv: Conversation) -> tuple[ToolCall, ...]:
         """Mount the (empty) answer, then submit the request and stream into it. Mounting
         first keeps its layout work out of the decode: the first chunk arrives with the
-        first token, and from then on every millisecond of the UI thread is the model's."""
+        first token, and from then on every millisecond of the UI thread is the model's.
+        The tool calls it ended with, when it was not stopped."""
         answer = await self._mount_answer(conv)
         stream = await self._start(conv)
         if stream is None or not answer.is_attached:  # no answer, or the view was rebuilt
             if answer.is_attached:
                 await answer.remove()
             if stream is None:
-                return
+                return ()
             answer = await self._mount_answer(conv)
-        await self._stream_answer(conv, stream, answer)
+        return await self._stream_answer(conv, stream, answer)
 
     async def _mount_answer(self, conv: Conversation) -> ChatMessage:
         answer = ChatMessage("assistant", "")
@@ -255,15 +280,23 @@ class Answering(App[None]):
         return answer
 
     async def _stream_answer(
-        self, conv: Conversation, stream: ChunkStream, answer: ChatMessage
-    ) -> None:
+        self,
+        conv: Conversation,
+        stream: ChunkStream,
+        answer: ChatMessage,
+        *,
+        before: str = "",  # what the answer already said (it goes on: action_go_on)
+        guard: bool = True,
+    ) -> tuple[ToolCall, ...]:
         self._stream = stream
         shown = answer.is_attached and self.conv is not None and self.conv.id == conv.id
         pacer = self.pacer
         pacer.start()
-        parts: list[str] = []  # the answer
+        loops = LoopGuard() if guard else None
+        parts: list[str] = [before]  # the answer
         thoughts: list[str] = []  # its reasoning, when the model thinks
         final: Chunk | None = None
+        calls: list[ToolCall] = []
         # the answer is in the history from its start, marked interrupted until it ends,
         # and saved as it grows: a crash or kill -9 keeps what was written, marked
         mid = self.history.add(conv.id, "assistant", "", INTERRUPTED)
@@ -272,9 +305,14 @@ class Answering(App[None]):
         try:
             async for delta in stream.deltas(pacer.wait):
                 final = delta.final or final
+                calls += delta.tool_calls
                 thought, text = delta.reasoning, delta.text
                 parts.append(text)
                 thoughts.append(thought)
+                if loops is not None and text and loops.feed(text):
+                    stream.cancel()  # it repeats itself: stopped where the loop showed
+                    parts = ["".join(parts)[: loops.cut]]
+                    break
                 if time.monotonic() - saved > SAVE_EVERY_S:
                     self.history.update(mid, _stored(thoughts, parts), INTERRUPTED)
                     saved = time.monotonic()
@@ -290,9 +328,23 @@ class Answering(App[None]):
                 pacer.drawn()
         finally:
             stats = _stats_dict(final)
+            if loops is not None and loops.tripped is not None:
+                stats = {**(stats or {}), "loop_guard": loops.tripped}
+                stats["finish_reason"] = "cancelled"
+                self.notify(
+                    f"The answer kept repeating “{loops.tripped[:60]}”, so the chat stopped "
+                    "it. Ctrl+G lets it go on.",
+                    title="Loop stopped",
+                    timeout=15,
+                )
+            if calls:
+                stats = {**(stats or {}), "tool_calls": [_call_dict(c) for c in calls]}
             if answer.is_attached:
                 await answer.end_answer()
+                answer.show_calls((stats or {}).get("tool_calls", []))
             answer.content = _stored(thoughts, parts)
+            if loops is not None and loops.tripped is not None and answer.is_attached:
+                await answer.body.update("".join(parts))  # what was shown past the cut goes
             self.history.update(mid, answer.content, stats)
             answer.set_stats(stats)
             local = self.remote_model is None
@@ -304,10 +356,51 @@ class Answering(App[None]):
                     speculation_text(stats) if stats and stats.get("draft_proposed") else ""
                 )
             self.chat.scroll_end(animate=False)
+        stopped = final is None or final.finish_reason == "cancelled"
+        return () if stopped else tuple(calls)
 
     def action_stop(self) -> None:
+        self.stop_turn()
         if self._stream is not None:
             self._stream.cancel()
+
+    @work(exclusive=True, group="generate", exit_on_error=False)
+    async def action_go_on(self) -> None:
+        """Ctrl+G: the answer the loop guard stopped goes on where it stopped, unguarded
+        (a remote model, which takes no partial answer, writes it again unguarded)."""
+        conv = self.conv
+        msgs = self.history.messages(conv.id) if conv is not None and not self.generating else []
+        last = msgs[-1] if msgs else None
+        if conv is None or last is None or not (last.stats or {}).get("loop_guard"):
+            self.notify("Ctrl+G lets an answer the loop guard stopped go on; there is none.")
+            return
+        self.generating = True
+        try:
+            self.history.delete_message(last.id)
+            shown = self.chat.query(ChatMessage)
+            if shown and shown.last().message_id == last.id:
+                await shown.last().remove()
+            request = self._request(conv)
+            before = ""
+            if self.remote_model is None:
+                before = last.content
+                tokens = await asyncio.to_thread(self.engine.prompt_tokens, request)
+                tokens += await asyncio.to_thread(self.engine.with_model, None, _tokens(before))
+                request = dataclasses.replace(
+                    request, messages=None, tools=None, prompt_tokens=tokens
+                )
+            answer = await self._mount_answer(conv)
+            if before and answer.is_attached:
+                await answer.add_text(before)
+            stream = self.engine.submit(request)
+            self._stream = stream
+            await stream.started()
+            await self._stream_answer(conv, stream, answer, before=before, guard=False)
+        except LocalLLMError as exc:
+            self.notify(exc.message, title="Generation failed", severity="error", timeout=10)
+        finally:
+            self.generating = False
+            self._stream = None
 
     async def action_regenerate(self) -> None:
         if self.generating or self.conv is None:
@@ -344,6 +437,35 @@ def _stored(thoughts: list[str], parts: list[str]) -> str:
     if not thought:
         return text
     return f"{reasoning.OPEN}{thought}{reasoning.CLOSE}\n\n{text}"
+
+
+def _message(m: StoredMessage) -> Message:
+    """A stored message as the model reads it: an earlier answer's reasoning is not sent
+    again (as templates expect), its tool calls are, and a tool result names its call."""
+    stats = m.stats or {}
+    if m.role == "assistant":
+        calls = tuple(
+            ToolCall(c["id"], c["name"], c["arguments"]) for c in stats.get("tool_calls", [])
+        )
+        return Message("assistant", without_reasoning(m.content), tool_calls=calls)
+    if m.role == "tool":
+        return Message(
+            "tool", m.content, tool_call_id=stats.get("tool_call_id"), name=stats.get("name")
+        )
+    return Message("user", m.content)
+
+
+def _call_dict(call: ToolCall) -> dict[str, str]:
+    return {"id": call.id, "name": call.name, "arguments": call.arguments}
+
+
+def _tokens(text: str) -> Callable[[CoreModel], list[int]]:
+    """`text` in a model's tokens (run on the engine's worker)."""
+
+    def tokenize(model: CoreModel) -> list[int]:
+        return model.tokenize(text)
+
+    return tokenize
 
 
 def _counter(text: str) -> Callable[[CoreModel], int]:

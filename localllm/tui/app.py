@@ -38,7 +38,7 @@ from localllm.engine.speculative import configured_draft
 from localllm.engine.stream import ChunkStream
 from localllm.errors import LocalLLMError
 from localllm.hardware import available_memory, process_memory
-from localllm.history import Conversation, History
+from localllm.history import Conversation, ConversationSettings, History
 from localllm.tui.logview import Notifier
 from localllm.tui.pacing import RedrawPacer
 from localllm.tui.screens.hub_search import HubSearch
@@ -80,6 +80,7 @@ class ChatApp(Answering):
         Binding("ctrl+n", "new_chat", "New"),
         Binding("ctrl+r", "regenerate", "Regen"),
         Binding("ctrl+l", "edit_last", "Edit"),
+        Binding("ctrl+g", "go_on", "Go on", show=False),
         Binding("f5", "copy_answer", "Copy"),
         Binding("f9", "copy_code", "Code"),
         Binding("ctrl+s", "export", "Export"),
@@ -87,6 +88,7 @@ class ChatApp(Answering):
         Binding("f8", "delete_chat", "Delete"),
         Binding("f3", "models", "Models"),
         Binding("f4", "settings", "Settings"),
+        Binding("ctrl+t", "tools", "Tools"),
         Binding("ctrl+q", "quit", "Quit", show=False),  # the usual key; kept out of the footer
     ]
     TITLES = {
@@ -94,6 +96,7 @@ class ChatApp(Answering):
         "new_chat": "New chat",
         "regenerate": "Regenerate",
         "edit_last": "Edit last",
+        "go_on": "Let a stopped loop go on",
         "copy_answer": "Copy answer",
         "copy_code": "Copy code",
         "export": "Export",
@@ -101,12 +104,14 @@ class ChatApp(Answering):
         "delete_chat": "Delete chat",
         "models": "Models",
         "settings": "Settings",
+        "tools": "Tools",
     }
     ACTION_HELP = {
         "stop": "Stop the answer, keeping what it wrote",
         "new_chat": "Start a new conversation",
         "regenerate": "Answer the last prompt again",
         "edit_last": "Put the last prompt back in the input to edit and resend",
+        "go_on": "Let the answer the loop guard stopped go on where it stopped",
         "copy_answer": "Copy the last answer to the clipboard",
         "copy_code": "Copy the last answer's last code block",
         "export": "Write this conversation to a Markdown file in the current folder",
@@ -114,6 +119,7 @@ class ChatApp(Answering):
         "delete_chat": "Delete this conversation",
         "models": "Pick and load a local model",
         "settings": "System prompt, sampling, answer length and context for this conversation",
+        "tools": "The tools this conversation's model may call (files, commands, MCP servers)",
     }
 
     def __init__(
@@ -178,6 +184,7 @@ class ChatApp(Answering):
 
     async def on_mount(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_S)
+        self.start_tools()
         self._notifier = Notifier(self._log_record)
         logging.getLogger().addHandler(self._notifier)
         last = self.history.last()
@@ -225,12 +232,20 @@ class ChatApp(Answering):
         self.status.memory = f"mem {format_bytes(process_memory())}"
         self.status.activity = activity_label(self.engine.status().activity)
 
+    def show_tools_state(self) -> None:
+        """MCP servers starting or down, in the status bar (the ready ones say nothing)."""
+        states = self.mcp.states() if self.mcp is not None else {}
+        self.status.tools = " · ".join(
+            f"mcp {name} {state}" for name, state in states.items() if not state.startswith("ready")
+        )
+
     def _log_record(self, message: str, severity: str) -> None:
         """A warning or error some part logged: a notification (the record is in the
         chat's log file too; tui/logview.py)."""
         self.notify(message, title="localllm", severity=severity, timeout=8)  # type: ignore[arg-type]
 
     async def on_unmount(self) -> None:
+        await asyncio.to_thread(self.stop_tools)
         if self._notifier is not None:
             logging.getLogger().removeHandler(self._notifier)
         if self._stream is not None:
@@ -512,10 +527,16 @@ class ChatApp(Answering):
             return
         rec = None if self.remote_model is not None else self.engine.status().sampling
         new = await self.push_screen_wait(SettingsScreen(self.conv.settings, rec))
-        if new is not None:
+        if new == "tools":
+            await self.choose_tools()
+        elif isinstance(new, ConversationSettings):
             self.history.save_settings(self.conv.id, new)
             self.conv = self.history.get(self.conv.id)
             self.notify("Settings saved for this conversation.")
+
+    @work(exclusive=True, group="dialog")
+    async def action_tools(self) -> None:
+        await self.choose_tools()
 
     def get_system_commands(self, screen: Screen[Any]) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)

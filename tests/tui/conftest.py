@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +44,31 @@ def make_app(settings: Settings, engine: Engine, history: History, tmp_path: Pat
         return ChatApp(settings, engine, history=history, **opts)
 
     return make
+
+
+@pytest.fixture
+def scripted(
+    settings: Settings, tmp_path: Path
+) -> Iterator[Callable[..., tuple[ChatApp, History]]]:
+    """Chat apps on the scripted model (backends/fake.py): `build(reply, **settings)` with
+    `reply` the model's answer for a prompt's text; the engines and histories are closed
+    after the test."""
+    from localllm.backends.fake import FakeBackend, Script, write_fake_model
+
+    made: list[tuple[Engine, History]] = []
+
+    def build(reply: Callable[[str], str], **changes: Any) -> tuple[ChatApp, History]:
+        write_fake_model(settings.models_dir / "scripted.gguf")
+        chosen = dataclasses.replace(settings, model="scripted", **changes)
+        engine = Engine(chosen, backends=[FakeBackend(Script(reply=reply))])
+        history = History(tmp_path / "history.sqlite3")
+        made.append((engine, history))
+        return ChatApp(chosen, engine, history=history, serve=False, live_status=False), history
+
+    yield build
+    for engine, history in made:
+        engine.close()
+        history.close()
 
 
 async def wait_for(pilot: Pilot, cond: Callable[[], object], what: str, limit: int = 1200) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from localllm.config import DEFAULT_PORT, Remote, RouteRule, Settings, load_settings
+from localllm.config import DEFAULT_PORT, McpServer, Remote, RouteRule, Settings, load_settings
 from localllm.errors import ConfigError
 
 
@@ -86,15 +86,19 @@ LAYER_VALUES: dict[str, tuple[object, str, object]] = {
     "remotes": ([{"name": "f", "url": "http://f/v1"}], '[{"name": "e", "url": "http://e/v1"}]',
                 (Remote("g", "http://g/v1"),)),
     "routes": ([{"model": "f"}], '[{"model": "e", "tools": true}]', (RouteRule("g"),)),
+    "chat_tools": (["read_file"], "list_folder, run_command", ("edit_file",)),
+    "agent_steps": (3, "4", 5),
+    "mcp_servers": ([{"name": "f", "command": "f-mcp"}], '[{"name": "e", "url": "http://e/mcp"}]',
+                    (McpServer("g", command="g-mcp", enabled=False),)),
 }
 
 
 def _expected(name: str, value: object) -> object:
     """What each layer's value means, as the loader before pydantic-settings read it."""
     kind = {f.name: f.type for f in dataclasses.fields(Settings)}[name]
-    if name in ("remotes", "routes"):
+    if name in ("remotes", "routes", "mcp_servers"):
         items = json.loads(value) if isinstance(value, str) else value
-        cls = Remote if name == "remotes" else RouteRule
+        cls = {"remotes": Remote, "routes": RouteRule, "mcp_servers": McpServer}[name]
         assert isinstance(items, (list, tuple))
         return tuple(i if isinstance(i, cls) else cls(**i) for i in items)
     if "Path" in str(kind):

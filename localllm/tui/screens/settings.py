@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -76,7 +78,9 @@ def parse_field(name: str, text: str) -> float | int | None:
     return value
 
 
-class SettingsScreen(ModalScreen[ConversationSettings | None]):
+class SettingsScreen(ModalScreen[ConversationSettings | str | None]):
+    """The settings, or "tools" when the user asked for the tools dialog instead."""
+
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel")]
 
     def __init__(
@@ -109,6 +113,7 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
+                yield Button("Tools…", id="tools")
 
     def blank_means(self, name: str) -> str:
         """What a blank sampling field gets, and where that value comes from."""
@@ -125,7 +130,7 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id != "save":
-            self.dismiss(None)
+            self.dismiss("tools" if event.button.id == "tools" else None)
             return
         try:
             values: dict[str, float | int | str | None] = {
@@ -140,5 +145,5 @@ class SettingsScreen(ModalScreen[ConversationSettings | None]):
             return
         system = self.query_one("#system_prompt", TextArea).text
         self.dismiss(
-            ConversationSettings(system_prompt=system, thinking=thinking, **values)  # type: ignore[arg-type]
+            dataclasses.replace(self.current, system_prompt=system, thinking=thinking, **values)  # type: ignore[arg-type]
         )

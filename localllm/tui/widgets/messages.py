@@ -9,6 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Collapsible, Markdown, Static
 
+from localllm.agent.session import call_line
 from localllm.backends import reasoning
 from localllm.tui.live import LiveText, open_block, shown_text
 
@@ -27,7 +28,9 @@ def stats_line(stats: dict[str, Any] | None) -> str:
     parts.append(f"{stats.get('cached_tokens', 0)} cached")
     if stats.get("draft_proposed"):
         parts.append(speculation_text(stats))
-    if stats.get("finish_reason") == "cancelled":
+    if stats.get("loop_guard"):
+        parts.append("stopped: it kept repeating itself · Ctrl+G lets it go on")
+    elif stats.get("finish_reason") == "cancelled":
         parts.append("stopped")
     elif stats.get("finish_reason") == "length":
         parts.append("hit the token limit")
@@ -46,6 +49,26 @@ def speculation_text(stats: dict[str, Any]) -> str:
 def _thinking_title(thought: str) -> str:
     words = len(thought.split())
     return f"Thinking · {words} word{'s' if words != 1 else ''}"
+
+
+def calls_text(calls: list[dict[str, Any]]) -> str:
+    return "\n".join(f"→ {call_line(c.get('name', ''), c.get('arguments', ''))}" for c in calls)
+
+
+STATUS_WORDS = {
+    "ok": "",
+    "error": " · failed",
+    "denied": " · denied",
+    "stopped": " · stopped",
+    "not run": " · not run",
+}
+
+
+def tool_title(stats: dict[str, Any] | None) -> str:
+    """'⚙ read_file(path="a.py") · denied': a tool result's folded title."""
+    s = stats or {}
+    status = STATUS_WORDS.get(s.get("status", "ok"), "")
+    return f"⚙ {call_line(s.get('name', 'tool'), s.get('arguments', ''), 70)}{status}"
 
 
 TITLE_EVERY_S = 0.5
@@ -76,9 +99,17 @@ class ChatMessage(Vertical):
         self._answer_done = 0
 
     def compose(self) -> ComposeResult:
-        label = "You" if self.role == "user" else "Assistant"
+        label = {"user": "You", "tool": "Tool"}.get(self.role, "Assistant")
         if not self._in_context:
             label += " (dropped from context)"
+        if self.role == "tool":  # a call's result: one folded block, Enter opens it
+            yield Collapsible(
+                Static(self.content, markup=False, classes="tool-result"),
+                title=tool_title(self._stats),
+                collapsed=True,
+                classes="tool",
+            )
+            return
         yield Static(label, classes="role")
         thought, answer = "", self.content
         if self.role == "assistant" and reasoning.OPEN in self.content:
@@ -86,7 +117,18 @@ class ChatMessage(Vertical):
         if thought:
             yield self._thinking(thought)
         yield Markdown(answer, classes="body")
+        calls = (self._stats or {}).get("tool_calls") or []
+        if calls:
+            yield Static(calls_text(calls), classes="calls", markup=False)
         yield Static(stats_line(self._stats), classes="stats")
+
+    def show_calls(self, calls: list[dict[str, Any]]) -> None:
+        """The tool calls an answer ended with, under its text (once it has streamed)."""
+        if calls and not self.query(".calls"):
+            self.mount(
+                Static(calls_text(calls), classes="calls", markup=False),
+                before=self.query_one(".stats"),
+            )
 
     def _thinking(self, thought: str, *, live: bool = False) -> Collapsible:
         """The answer's reasoning: folded and dimmed, Enter or a click opens it; its title

@@ -24,6 +24,7 @@ class StatusBar(Static):
     speculation: reactive[str] = reactive("")  # the last answer's drafts and speed-up
     activity: reactive[str] = reactive("")  # requests running and waiting, prefill progress
     pulling: reactive[str] = reactive("")  # a model being pulled from the hub
+    tools: reactive[str] = reactive("")  # MCP servers starting, failed or stopped
 
     def render(self) -> str:
         fields = (
@@ -35,6 +36,7 @@ class StatusBar(Static):
             self.speculation,
             self.activity,
             self.pulling,
+            self.tools,
             self.memory,
         )
         parts = [p for p in fields if p]
