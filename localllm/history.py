@@ -258,6 +258,10 @@ class History:
         if conv and conv.settings.system_prompt:
             out += ["**System**", "", conv.settings.system_prompt, ""]
         for m in self.messages(cid):
-            label = {"user": "You", "tool": "Tool result"}.get(m.role, "Assistant")
+            label = {
+                "user": "You",
+                "tool": "Tool result",
+                "summary": "Summary of earlier turns",
+            }.get(m.role, "Assistant")
             out += [f"**{label}**", "", m.content, ""]
         return "\n".join(out).rstrip() + "\n"

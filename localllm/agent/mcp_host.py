@@ -29,6 +29,12 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 30.0  # a server that has not answered `initialize` by then failed
 CALL_TIMEOUT_S = 120.0
+PING_EVERY_S = 15.0  # a quiet server is pinged this often: one that has died is noticed
+PING_TIMEOUT_S = 10.0
+
+
+class _Stopped(Exception):
+    """A connected server stopped answering (the reason is the message)."""
 
 
 class McpTool(Tool):
@@ -71,6 +77,8 @@ class McpHost:
         self._sessions: dict[str, Any] = {}
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
+        self._wake: dict[str, asyncio.Event] = {}  # a server's watcher looks again
+        self._died: dict[str, str] = {}  # why a call found its server gone
         self._thread = threading.Thread(target=self._run, name="mcp", daemon=True)
         self._errlog: TextIO | None = None
         self._started = False
@@ -111,17 +119,24 @@ class McpHost:
     def close(self) -> None:
         if not self._started or not self._thread.is_alive():
             return
-        stop = self._stop
-        if stop is not None:
-            self._loop.call_soon_threadsafe(stop.set)
+
+        def stop() -> None:
+            if self._stop is not None:
+                self._stop.set()
+            for wake in self._wake.values():
+                wake.set()
+
+        self._loop.call_soon_threadsafe(stop)
         self._thread.join(10)
 
     # -- the servers' thread ---------------------------------------------------------
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        if self._log_file is not None:
+        if self._log_file is not None:  # the servers' stderr (never over the chat's screen)
             self._log_file.parent.mkdir(parents=True, exist_ok=True)
             self._errlog = open(self._log_file, "a", encoding="utf-8")  # noqa: SIM115
+        else:
+            self._errlog = open(os.devnull, "w")  # noqa: SIM115
         try:
             self._loop.run_until_complete(self._main())
         finally:
@@ -146,8 +161,7 @@ class McpHost:
                     for t in listed.tools
                 ]
                 self._set(name, f"ready ({len(self._tools[name])} tools)")
-                assert self._stop is not None
-                await self._stop.wait()
+                await self._watch(name, session)
         except BaseException as exc:  # a server's failure stays its own
             why = _reason(exc)
             started = name in self._sessions
@@ -174,9 +188,27 @@ class McpHost:
                 args=list(server.args),
                 env={**os.environ, **server.env} if server.env else None,
             )
-            errlog = self._errlog or open(os.devnull, "w")  # noqa: SIM115
-            read, write = await stack.enter_async_context(stdio_client(params, errlog=errlog))
+            assert self._errlog is not None
+            read, write = await stack.enter_async_context(stdio_client(params, errlog=self._errlog))
         return await stack.enter_async_context(ClientSession(read, write))
+
+    async def _watch(self, name: str, session: Any) -> None:
+        """Until the host closes: a server a call found gone, or that does not answer a
+        ping, has stopped (_Stopped)."""
+        assert self._stop is not None
+        wake = self._wake.setdefault(name, asyncio.Event())
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(wake.wait(), PING_EVERY_S)
+            wake.clear()
+            if self._stop.is_set():
+                return
+            if name in self._died:
+                raise _Stopped(self._died.pop(name))
+            try:
+                await asyncio.wait_for(session.send_ping(), PING_TIMEOUT_S)
+            except Exception as exc:
+                raise _Stopped(f"no answer to a ping ({_reason(exc)})") from None
 
     async def _call(self, server: str, tool: str, args: dict[str, Any]) -> str:
         session = self._sessions.get(server)
@@ -187,7 +219,10 @@ class McpHost:
         except (TimeoutError, asyncio.TimeoutError):
             raise ToolRefused(f"{server} did not answer within {CALL_TIMEOUT_S:g} s") from None
         except Exception as exc:  # the server's failure, told to the model
-            raise ToolRefused(f"{server} failed: {_reason(exc)}") from None
+            why = _reason(exc)
+            self._died[server] = why  # its watcher marks it stopped
+            self._wake.setdefault(server, asyncio.Event()).set()
+            raise ToolRefused(f"{server} failed: {why}") from None
         parts = []
         for block in result.content:
             text = getattr(block, "text", None)

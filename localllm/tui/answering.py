@@ -32,8 +32,8 @@ from localllm.engine.request import Request
 from localllm.engine.stream import ChunkStream
 from localllm.errors import ContextOverflow, LocalLLMError
 from localllm.history import Conversation, History, StoredMessage
-from localllm.tui.agent_turns import AgentTurns
 from localllm.tui.attach import Attached, AttachError, attach
+from localllm.tui.commands import COMPACT_AT, SUMMARY_PREFIX, Commands, summary_text
 from localllm.tui.loop_guard import LoopGuard
 from localllm.tui.pacing import RedrawPacer
 from localllm.tui.screens.dialogs import FullContextScreen
@@ -52,7 +52,7 @@ def device_label(info: ModelInfo) -> str:
     return f"{info.backend} {info.device}" + (f", {reason}" if reason else "")
 
 
-class Answering(AgentTurns):
+class Answering(Commands):
     """What sending a prompt and streaming its answer need of the app."""
 
     settings: Settings
@@ -97,6 +97,10 @@ class Answering(AgentTurns):
             return
         self.prompt_box.clear()
         self.prompt_box.remember(event.text)
+        if event.text.startswith("//"):  # a prompt that starts with a slash
+            attached = dataclasses.replace(attached, text=attached.text[1:])
+        elif event.text.startswith("/") and await self.run_command(event.text):
+            return
         if attached.files:
             await self._say_attached(attached)
         await self.send(attached.text)
@@ -123,11 +127,14 @@ class Answering(AgentTurns):
 
     def _request(self, conv: Conversation) -> Request:
         s = conv.settings
-        messages = [Message("system", s.system_prompt)] if s.system_prompt.strip() else []
+        stored = self.history.messages(conv.id)
+        system = s.system_prompt.strip()
+        summary = summary_text(stored)  # what /compact kept of the older turns
+        if summary:
+            system = f"{system}\n\n{SUMMARY_PREFIX}{summary}".strip()
+        messages = [Message("system", system)] if system else []
         messages += [
-            _message(m)
-            for m in self.history.messages(conv.id)
-            if m.in_context and m.role in ("user", "assistant", "tool")
+            _message(m) for m in stored if m.in_context and m.role in ("user", "assistant", "tool")
         ]
         params = SamplingParams.asked(
             temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens
@@ -151,11 +158,40 @@ class Answering(AgentTurns):
         try:
             await self._ensure_model_settings(conv)
             await self._answer_then_stream(conv)
+            if self._nearly_full(conv):
+                await self.compact(conv, auto=True)
         except LocalLLMError as exc:
             self.notify(exc.message, title="Generation failed", severity="error", timeout=10)
         finally:
             self.generating = False
             self._stream = None
+
+    @work(exclusive=True, group="generate", exit_on_error=False)
+    async def compact_now(self) -> None:
+        conv = self.conv
+        if conv is None or self.generating:
+            return
+        self.generating = True
+        try:
+            await self.compact(conv, auto=False)
+        finally:
+            self.generating = False
+
+    def _nearly_full(self, conv: Conversation) -> bool:
+        """The last answer left the context over COMPACT_AT full (local models)."""
+        info = self.engine.status().model_info
+        last = next(
+            (
+                m
+                for m in reversed(self.history.messages(conv.id))
+                if m.stats and "prompt_tokens" in m.stats
+            ),
+            None,
+        )
+        if info is None or last is None or self.remote_model is not None or last.stats is None:
+            return False
+        used = last.stats["prompt_tokens"] + last.stats["generated_tokens"]
+        return used > COMPACT_AT * info.n_ctx
 
     async def _ensure_model_settings(self, conv: Conversation) -> None:
         """Reload the model when the conversation asks for another context size or backend."""

@@ -24,7 +24,12 @@ def note(text: str) -> str:
 
 
 if __name__ == "__main__":
+    import os
     import sys
+
+    if os.environ.get("NOTES_PID_FILE"):  # a test kills it from outside
+        with open(os.environ["NOTES_PID_FILE"], "w") as f:
+            f.write(str(os.getpid()))
 
     if len(sys.argv) > 1:  # a port: served over streamable HTTP at /mcp
         server.run(transport="streamable-http", host="127.0.0.1", port=int(sys.argv[1]))

@@ -198,6 +198,12 @@ def test_mcp_servers_ready_failed_at_start_and_dead_later(tmp_path: Path):
             asyncio.run(add.call({"a": "x", "b": 1}))
         with pytest.raises(ToolRefused):
             asyncio.run(by_name["dies__note"].call({"text": "bye"}))  # the server exits
+        for _ in range(200):  # its watcher marks it stopped and takes its tools away
+            if host.states()["dies"].startswith("stopped: "):
+                break
+            time.sleep(0.02)
+        assert host.states()["dies"].startswith("stopped: "), host.states()
+        assert [t.name for t in host.tools()] == ["notes__add", "notes__note"]
         assert asyncio.run(by_name["notes__note"].call({"text": "hi"})) == "1 notes kept"
     finally:
         host.close()
@@ -257,3 +263,32 @@ def test_mcp_cli_imports_hosts_json_lists_over_stdio_and_http_and_removes(tmp_pa
     finally:
         http.terminate()
         http.wait(10)
+
+
+def test_a_server_killed_from_outside_is_noticed_by_its_ping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import signal
+
+    from localllm.agent import mcp_host
+
+    monkeypatch.setattr(mcp_host, "PING_EVERY_S", 0.1)
+    pid_file = tmp_path / "notes.pid"
+    server = McpServer("notes", command=sys.executable, args=(str(NOTES_SERVER),),
+                       env={"NOTES_PID_FILE": str(pid_file)})
+    changes: list[dict[str, str]] = []
+    host = McpHost((server,), on_change=lambda: changes.append(host.states()))
+    host.start()
+    try:
+        host.wait_ready()
+        assert host.states() == {"notes": "ready (2 tools)"}
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        for _ in range(300):
+            if host.states()["notes"].startswith("stopped: "):
+                break
+            time.sleep(0.02)
+        assert host.states()["notes"].startswith("stopped: "), host.states()
+        assert host.tools() == [] and changes[-1] == host.states()  # the chat was told
+    finally:
+        host.close()
+

@@ -1,4 +1,6 @@
-"""The prompt box: Enter sends, Ctrl+J inserts a newline, Up recalls earlier prompts."""
+"""The prompt box: Enter sends, Ctrl+J inserts a newline, Up recalls earlier prompts,
+and a slash command is completed with Tab (the commands it could be show on its
+border while it is typed)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ from dataclasses import dataclass
 from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
+
+from localllm.tui.commands import COMMANDS, completions
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
@@ -23,7 +27,21 @@ class ChatInput(TextArea):
         self.recall = recall or []  # newest first
         self._recall_at = -1
 
+    def on_text_area_changed(self) -> None:
+        found = completions(self.text)
+        self.border_subtitle = "  ".join(found) + ("  (Tab)" if found else "")
+        if self.text.strip() in COMMANDS:
+            self.border_subtitle = COMMANDS[self.text.strip()]
+
     async def on_key(self, event: events.Key) -> None:
+        if event.key == "tab" and completions(self.text):
+            event.stop()
+            event.prevent_default()
+            found = completions(self.text)
+            done = found[0] + " " if len(found) == 1 else _shared_start(found)
+            self.load_text(done)
+            self.move_cursor(self.document.end)
+            return
         # Textual calls this before the text area's own key handling (a subclass's handler
         # comes first), and prevent_default() keeps that from running. A priority binding
         # would not do: it runs before earlier keys reach the box, so a prompt typed fast
@@ -64,3 +82,12 @@ class ChatInput(TextArea):
         if not self.recall or self.recall[0] != text:
             self.recall.insert(0, text)
         self._recall_at = -1
+
+
+def _shared_start(words: list[str]) -> str:
+    """The longest start all `words` share."""
+    first = words[0]
+    n = 0
+    while n < len(first) and all(len(w) > n and w[n] == first[n] for w in words):
+        n += 1
+    return first[:n]

@@ -102,6 +102,15 @@ class ChatMessage(Vertical):
         label = {"user": "You", "tool": "Tool"}.get(self.role, "Assistant")
         if not self._in_context:
             label += " (dropped from context)"
+        if self.role == "summary":  # what /compact kept of the older turns
+            n = (self._stats or {}).get("summarized", 0)
+            yield Collapsible(
+                Static(self.content, markup=False, classes="tool-result"),
+                title=f"Summary of {n} earlier messages (the model reads this instead)",
+                collapsed=True,
+                classes="summary",
+            )
+            return
         if self.role == "tool":  # a call's result: one folded block, Enter opens it
             yield Collapsible(
                 Static(self.content, markup=False, classes="tool-result"),
