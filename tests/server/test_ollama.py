@@ -133,7 +133,8 @@ def test_generate_raw_system_and_load(http: httpx.Client):
     assert templated["prompt_eval_count"] > raw["prompt_eval_count"] + 5
     lines = ndjson(http.post("/api/generate", json={
         "model": "starter", "prompt": "Count: one, two,", "raw": True,
-        "options": {"num_predict": 6, "temperature": 0}}))
+        # without the starter's default repeat penalty, greedy counts on past six tokens
+        "options": {"num_predict": 6, "temperature": 0, "repeat_penalty": 1.0}}))
     assert "".join(x["response"] for x in lines) and lines[-1]["eval_count"] == 6
     loaded = http.post("/api/generate", json={"model": "starter"}).json()
     assert loaded["done"] and loaded["done_reason"] == "load"

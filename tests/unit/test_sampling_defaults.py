@@ -96,4 +96,5 @@ def test_show_and_info_say_where_each_value_came_from(starter_ref: ModelRef, tmp
     assert info["sampling"] == {"recommended": {"temperature": 0.25, "top_k": 20.0,
                                                 "top_p": 0.5},
                                 "source": "GGUF general.sampling.*"}
-    assert "temperature 0.2, top_p 0.9 from SmolLM2's model card" in cli("info", "starter")
+    assert ("temperature 0.2, top_p 0.9, repeat_penalty 1.1 from SmolLM2's model card"
+            in cli("info", "starter"))
