@@ -40,7 +40,10 @@ def _text_of(path: Path, shown: str) -> str:
 
 class ReadFile(Tool):
     name = "read_file"
-    description = "Read a text file in the working folder (optionally some of its lines)."
+    description = (
+        "Read a text file in the working folder (optionally some of its lines). Paths are "
+        "relative to the working folder, e.g. notes.txt or src/main.py."
+    )
     parameters = {
         "type": "object",
         "properties": {
@@ -55,10 +58,13 @@ class ReadFile(Tool):
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
 
-    async def call(self, args: dict[str, Any]) -> str:
-        path = self.ws.path(args["path"])
-        if path.is_dir():
+    def refusal(self, args: dict[str, Any]) -> None:
+        if self.ws.path(args["path"]).is_dir():
             raise ToolRefused(f"{args['path']} is a folder: list it with list_folder")
+
+    async def call(self, args: dict[str, Any]) -> str:
+        self.refusal(args)
+        path = self.ws.path(args["path"])
         lines = _text_of(path, args["path"]).splitlines()
         start = args.get("start_line", 1)
         end = start - 1 + args["max_lines"] if "max_lines" in args else len(lines)
@@ -70,7 +76,10 @@ class ReadFile(Tool):
 
 class ListFolder(Tool):
     name = "list_folder"
-    description = "List a folder in the working folder: names, folders ending in /, sizes."
+    description = (
+        "List a folder in the working folder: names, folders ending in /, sizes. "
+        "Use '.' for the working folder itself."
+    )
     parameters = {
         "type": "object",
         "properties": {"path": {"type": "string", "description": "the folder; '.' for the top"}},
@@ -80,10 +89,13 @@ class ListFolder(Tool):
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
 
-    async def call(self, args: dict[str, Any]) -> str:
-        path = self.ws.path(args.get("path") or ".")
-        if not path.is_dir():
+    def refusal(self, args: dict[str, Any]) -> None:
+        if not self.ws.path(args.get("path") or ".").is_dir():
             raise ToolRefused(f"{args.get('path')} is a file: read it with read_file")
+
+    async def call(self, args: dict[str, Any]) -> str:
+        self.refusal(args)
+        path = self.ws.path(args.get("path") or ".")
         entries = sorted(path.iterdir(), key=lambda p: (not p.is_dir(), p.name.lower()))
         rows = []
         for entry in entries[:MAX_LISTED]:
@@ -117,11 +129,16 @@ class SearchFiles(Tool):
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
 
-    async def call(self, args: dict[str, Any]) -> str:
+    def refusal(self, args: dict[str, Any]) -> None:
         try:
-            rx = re.compile(args["pattern"])
+            re.compile(args["pattern"])
         except re.error as exc:
             raise ToolRefused(f"the pattern is not a regular expression: {exc}") from None
+        self.ws.path(args.get("path") or ".")
+
+    async def call(self, args: dict[str, Any]) -> str:
+        self.refusal(args)
+        rx = re.compile(args["pattern"])
         top = self.ws.path(args.get("path") or ".")
         return await asyncio.to_thread(self._search, rx, top, args.get("glob"))
 
@@ -195,6 +212,12 @@ class EditFile(Tool):
                 "occur exactly once (give more of the surrounding text)"
             )
         return path, before, before.replace(old, new, 1)
+
+    def refusal(self, args: dict[str, Any]) -> None:
+        try:
+            self._change(args)
+        except OSError as exc:
+            raise ToolRefused(f"{args['path']}: {exc.strerror or exc}") from None
 
     def preview(self, args: dict[str, Any]) -> Preview:
         try:

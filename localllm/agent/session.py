@@ -3,8 +3,9 @@ call run under them. The loop around it (answer, calls, results, answer again, u
 the step limit) is the chat's (tui/agent_turns.py): this module decides nothing on
 screen, so it is tested without one.
 
-A call is never run when its tool is unknown or its arguments do not match the tool's
-schema (the model is told why); otherwise the user is asked first, unless they allowed
+A call is never run, nor the user asked, when its tool is unknown, its arguments do not
+match the tool's schema, or the tool knows it cannot run (a path outside the folder):
+the model is told why. Otherwise the user is asked first, unless they allowed
 that tool for the conversation. A denied call tells the model it was denied."""
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class AgentSession:
             )
         try:
             args = tool.checked(call.arguments)
+            tool.refusal(args)
         except ToolRefused as exc:
             return ToolRun(call, f"Not run: {exc}.", "error")
         if tool.name not in self.always:

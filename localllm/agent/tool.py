@@ -62,6 +62,12 @@ class Tool(ABC):
             )
         return args
 
+    def refusal(self, args: dict[str, Any]) -> None:
+        """ToolRefused when the call cannot run whatever the user says (a path outside
+        the folder, a file that is not there): checked before the user is asked. Most
+        tools know of no such case."""
+        del args
+
     def preview(self, args: dict[str, Any]) -> Preview:
         return Preview(json.dumps(args, indent=2, ensure_ascii=False), "json")
 

@@ -15,7 +15,7 @@ from localllm.errors import LocalLLMError
 # alone it looped in 4 of 24 answers to a fixed set of prompts, with a repeat penalty of
 # 1.1 in none (benchmarks/bench_starter_sampling.py; docs/benchmarks.md)
 STARTER_SAMPLING = {"temperature": 0.2, "top_p": 0.9, "repeat_penalty": 1.1}
-STARTER_SOURCE = "SmolLM2's model card, and a repeat penalty against loops"
+STARTER_SOURCE = "SmolLM2's model card, loop-tested"
 
 
 @dataclass(frozen=True, slots=True)

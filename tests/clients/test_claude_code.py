@@ -149,13 +149,13 @@ def test_whole_message_and_count_tokens(http: httpx.Client):
 def test_max_tokens_beyond_the_context_is_served_to_its_end(small_server: ServerProcess):
     """Claude Code always asks for 32,000 tokens: on a 256-token context the answer runs
     to the context's end and says max_tokens, rather than being refused."""
-    body = messages_body("Write the numbers from 1 to 500, separated by commas, and nothing else.",
+    body = messages_body("Write a long story about a dragon who learns to bake bread.",
                          stream=False,
                          tools=[], thinking={"type": "disabled"},
                          model="starter")
-    body["system"] = "Count as asked."
-    # greedy, on a prompt the starter answers at length (asked only to count from 1 to
-    # 500, it answers one sentence and stops on its own)
+    body["system"] = "Answer at length."
+    # greedy, on a prompt the starter answers at length under its default repeat penalty
+    # (asked to count from 1 to 500, it answers a sentence or two and stops on its own)
     body["temperature"] = 0
     reply = httpx.post(small_server.base + "/v1/messages", json=body, headers=HEADERS,
                        timeout=120)

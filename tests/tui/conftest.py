@@ -59,7 +59,7 @@ def scripted(
 
     def build(reply: Callable[[str], str], **changes: Any) -> tuple[ChatApp, History]:
         write_fake_model(settings.models_dir / "scripted.gguf")
-        chosen = dataclasses.replace(settings, model="scripted", **changes)
+        chosen = dataclasses.replace(settings, **{"model": "scripted", **changes})
         engine = Engine(chosen, backends=[FakeBackend(Script(reply=reply))])
         history = History(tmp_path / "history.sqlite3")
         made.append((engine, history))

@@ -15,11 +15,16 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Button, SelectionList
 
-from localllm.config import McpServer
+from localllm.backends.fake import FakeBackend, Script, write_fake_model
+from localllm.config import McpServer, Remote, Settings
+from localllm.engine.accounting import Accounting
+from localllm.engine.engine import Engine
 from localllm.history import ConversationSettings, History, StoredMessage
+from localllm.server.runner import BackgroundEndpoint
 from localllm.tui.app import ChatApp
 from localllm.tui.screens.approval import ApprovalScreen, ToolsScreen
 from localllm.tui.widgets.messages import ChatMessage
+from tests.conftest import free_port
 from tests.tui.conftest import wait_for
 
 NOTES_SERVER = Path(__file__).with_name("mcp_notes.py")
@@ -251,3 +256,46 @@ async def test_an_mcp_servers_tools_are_called_and_a_broken_server_is_one_status
         assert result.content == "42" and result.stats is not None
         assert result.stats["status"] == "ok"
         assert rows(history, cid)[3].content == "It is 42."
+
+
+async def test_the_loop_runs_the_same_with_a_remote_model(scripted, folder: Path, tmp_path: Path):
+    """The chat talks to a remote engine (localllm's own endpoint in this process, on the
+    scripted model): the calls come back as the wire's structured tool_calls, run here,
+    and their results go back in the next request."""
+    sent: list[str] = []
+
+    def upstream_reply(prompt: str) -> str:
+        sent.append(prompt)
+        if not answered(prompt, "List the folder."):
+            return call("list_folder", path=".")
+        return answer("There is notes.txt.") if "notes.txt" in prompt else answer("?")
+
+    up_settings = Settings(port=free_port(), data_dir=tmp_path / "up", cache_dir=tmp_path / "upc",
+                           model="scripted")
+    write_fake_model(up_settings.models_dir / "scripted.gguf")
+    upstream = Engine(up_settings, backends=[FakeBackend(Script(reply=upstream_reply))])
+    upstream.load("scripted")
+    endpoint = BackgroundEndpoint(up_settings, upstream, Accounting.for_settings(up_settings))
+    assert endpoint.error is None, endpoint.error
+    remote = Remote("up", f"http://127.0.0.1:{up_settings.port}/v1", models=("scripted",))
+    try:
+        app, history = scripted(lambda prompt: answer("local"), remotes=(remote,),
+                                model="up/scripted")
+        cid = with_tools(history, folder, "list_folder")
+        async with app.run_test(size=(110, 36)) as pilot:
+            await wait_for(pilot, lambda: app.remote_model == "up/scripted", "the remote model")
+            app.prompt_box.load_text("List the folder.")
+            await pilot.press("enter")
+            await approval(app, pilot)
+            await pilot.press("a")
+            await wait_for(pilot, lambda: not app.generating and len(rows(history, cid)) == 4,
+                           "the remote's answer after the result")
+            _, asked, result, final = rows(history, cid)
+            assert asked.stats is not None and asked.stats["tool_calls"][0]["name"] == "list_folder"
+            assert result.role == "tool" and "notes.txt" in result.content
+            assert final.content == "There is notes.txt."
+            assert "notes.txt  17 bytes" in sent[-1]  # the result reached the remote engine
+    finally:
+        endpoint.stop()
+        upstream.close()
+

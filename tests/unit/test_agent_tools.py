@@ -132,6 +132,11 @@ def test_calls_that_cannot_run_are_told_to_the_model_and_the_user_is_not_asked(w
         (ToolCall("3", "read_file", '{"path": 7}'), "at 'path': 7 is not of type 'string'"),
         (ToolCall("4", "read_file", "{not json"), "not JSON"),
         (ToolCall("5", "read_file", '["notes.txt"]'), "must be a JSON object"),
+        # what cannot run whatever the user says is not asked about either
+        (ToolCall("6", "read_file", '{"path": "../secret.txt"}'), "outside the folder"),
+        (ToolCall("7", "read_file", '{"path": "src"}'), "is a folder"),
+        (ToolCall("8", "edit_file", '{"path": "notes.txt", "old_text": "four", '
+                                    '"new_text": "4"}'), "occurs 0 times"),
     ]
     for call, said in cases:
         result = asyncio.run(session.run(call, ask))

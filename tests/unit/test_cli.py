@@ -151,7 +151,7 @@ def test_show_prints_the_template_and_the_default_sampling(tmp_path: Path):
     lines = dict(line.split(" ", 1) for line in params.stdout.splitlines())
     # the starter's model card recommends two, the loop measurement a third
     # (models/sampling.py); the rest are localllm's defaults
-    source = "SmolLM2's model card, and a repeat penalty against loops"
+    source = "SmolLM2's model card, loop-tested"
     assert lines["temperature"] == f"0.2  # {source}" and lines["top_k"] == "40"
     assert lines["top_p"] == f"0.9  # {source}"
     assert lines["repeat_penalty"] == f"1.1  # {source}"

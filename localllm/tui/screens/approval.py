@@ -52,9 +52,9 @@ class ApprovalScreen(ModalScreen[Decision]):
                     classes=f"preview {self.preview.language or ''}",
                 )
             with Horizontal(classes="buttons"):
-                yield Button("Allow once [a]", variant="primary", id="once")
-                yield Button("Allow for this conversation [c]", variant="warning", id="always")
-                yield Button("Deny [d]", variant="error", id="deny")
+                yield Button("Allow once (a)", variant="primary", id="once")
+                yield Button("Allow for this conversation (c)", variant="warning", id="always")
+                yield Button("Deny (d)", variant="error", id="deny")
             yield Label("Esc denies and stops the turn.", classes="hint")
 
     def on_mount(self) -> None:

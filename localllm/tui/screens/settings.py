@@ -6,7 +6,7 @@ import dataclasses
 
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
@@ -93,22 +93,25 @@ class SettingsScreen(ModalScreen[ConversationSettings | str | None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog wide", id="settings"):
             yield Label("Conversation settings", classes="heading")
-            yield Label("System prompt")
-            yield TextArea(self.current.system_prompt, id="system_prompt")
-            for name, label, *_ in FIELDS:
-                value = getattr(self.current, name)
-                yield Label(label + self.blank_means(name))
-                yield Input("" if value is None else str(value), id=name)
-            yield Label(f"{BACKEND_LABEL} · {SPECULATE_LABEL}")
-            with Horizontal(classes="pair"):
-                yield Input(self.current.backend or "", placeholder="backend", id="backend")
-                yield Input(
-                    self.current.speculate or "", placeholder="speculative decoding", id="speculate"
-                )
-            yield Label(THINKING_LABEL)
-            thinking = self.current.thinking
-            shown = "" if thinking is None else ("on" if thinking else "off")
-            yield Input(shown, placeholder="thinking", id="thinking")
+            # the fields scroll; the buttons below them stay in view on a short terminal
+            with VerticalScroll(id="settings-fields"):
+                yield Label("System prompt")
+                yield TextArea(self.current.system_prompt, id="system_prompt")
+                for name, label, *_ in FIELDS:
+                    value = getattr(self.current, name)
+                    yield Label(label + self.blank_means(name))
+                    yield Input("" if value is None else str(value), id=name)
+                yield Label(f"{BACKEND_LABEL} · {SPECULATE_LABEL}")
+                with Horizontal(classes="pair"):
+                    current = self.current
+                    yield Input(current.backend or "", placeholder="backend", id="backend")
+                    yield Input(
+                        current.speculate or "", placeholder="speculative decoding", id="speculate"
+                    )
+                yield Label(THINKING_LABEL)
+                thinking = self.current.thinking
+                shown = "" if thinking is None else ("on" if thinking else "off")
+                yield Input(shown, placeholder="thinking", id="thinking")
             yield Label("", id="error", classes="error")
             with Horizontal(classes="buttons"):
                 yield Button("Save", variant="primary", id="save")
