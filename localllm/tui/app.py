@@ -506,20 +506,26 @@ class ChatApp(Answering):
         )
         choice = await self.push_screen_wait(picker)
         if choice is not None and choice.name != current:
-            if self.generating:
-                self.action_stop()
-            if choice.format == "remote":  # answered elsewhere: nothing to load here
-                self.remote_model = choice.name
-                self.status.model, self.status.device = choice.name, "remote"
-                self.status.context = ""
-                return
-            self.remote_model = None
-            settings = self.conv.settings if self.conv else None
-            self.load_model(
-                choice,
-                settings.n_ctx if settings else None,
-                settings.backend if settings else None,
-            )
+            self.switch_model(choice, remote=choice.format == "remote")
+
+    def switch_model(self, model: ModelRef | str, *, remote: bool) -> None:
+        """Answer with `model` from now on: a remote engine's (nothing to load here), or
+        a local one loaded with this conversation's context and backend."""
+        if self.generating:
+            self.action_stop()
+        name = model.name if isinstance(model, ModelRef) else model
+        if remote:
+            self.remote_model = name
+            self.status.model, self.status.device = name, "remote"
+            self.status.context = ""
+            return
+        self.remote_model = None
+        settings = self.conv.settings if self.conv else None
+        self.load_model(
+            model,
+            settings.n_ctx if settings else None,
+            settings.backend if settings else None,
+        )
 
     @work(exclusive=True, group="dialog")
     async def action_settings(self) -> None:

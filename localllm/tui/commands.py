@@ -63,7 +63,7 @@ class Commands(AgentTurns):
     def action_export(self) -> None:
         raise NotImplementedError
 
-    def load_model(self, model: Any, n_ctx: int | None = None, backend: str | None = None) -> Any:
+    def switch_model(self, model: Any, *, remote: bool) -> None:
         raise NotImplementedError
 
     def action_tools(self) -> Any:
@@ -94,9 +94,7 @@ class Commands(AgentTurns):
             )
         elif word == "/model":
             if rest:
-                self.remote_model = rest if self.engine.remotes.find(rest) else None
-                if self.remote_model is None:
-                    self.load_model(rest)
+                self.switch_model(rest, remote=self.engine.remotes.find(rest) is not None)
             else:
                 self.action_models()
         elif word == "/tools":

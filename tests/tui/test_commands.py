@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from textual.pilot import Pilot
 
+from localllm.config import Remote
 from localllm.history import ConversationSettings, History
 from localllm.tui.app import ChatApp
 from localllm.tui.commands import SUMMARY_PREFIX, completions
@@ -77,7 +78,8 @@ async def test_system_clear_tab_and_unknown_commands(scripted):
         prompts.append(prompt)
         return "ok"
 
-    app, history = scripted(record)
+    remote = Remote("up", "http://127.0.0.1:9/v1", models=("big",))  # never asked here
+    app, history = scripted(record, remotes=(remote,))
     history.create("t", ConversationSettings(max_tokens=50))
     async with app.run_test(size=(100, 30)) as pilot:
         await say(app, pilot, history, "/system Answer in French.", 0)
@@ -101,6 +103,12 @@ async def test_system_clear_tab_and_unknown_commands(scripted):
         await pilot.pause()
         assert "/system" in str(app.prompt_box.border_subtitle)
         assert "/save" in str(app.prompt_box.border_subtitle)
+        await say(app, pilot, history, "/model up/big", 8)  # a remote's: nothing loads
+        assert app.remote_model == "up/big" and app.status.model == "up/big"
+        app.prompt_box.load_text("/model scripted")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.remote_model is None, "the local model chosen")
+        await wait_for(pilot, lambda: app.status.model == "scripted", "the local model back")
 
 
 def test_completions():
