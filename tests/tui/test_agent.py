@@ -153,6 +153,7 @@ async def test_escape_in_the_dialog_stops_the_turn_and_keeps_the_record(scripted
         assert not (folder / "made-by-model").exists()
 
 
+@pytest.mark.process  # a shell command or an MCP server
 async def test_escape_stops_a_running_command_and_its_process_group(scripted, folder: Path):
     command = "echo $$ > group.pid; sleep 60 & sleep 60"
     app, history = scripted(lambda prompt: call("run_command", command=command))
@@ -225,6 +226,7 @@ async def test_tools_are_off_until_turned_on_in_the_tools_dialog(scripted, folde
         assert "read_file" in prompts[-1] and "list_folder" not in prompts[-1]
 
 
+@pytest.mark.process  # a shell command or an MCP server
 async def test_an_mcp_servers_tools_are_called_and_a_broken_server_is_one_status_line(
     scripted, folder: Path
 ):

@@ -102,6 +102,7 @@ def test_an_edit_must_match_once_shows_a_diff_and_is_written_whole(ws: Workspace
     assert not list(ws.root.rglob("*.localllm-tmp"))
 
 
+@pytest.mark.process  # a shell command or an MCP server
 def test_a_command_runs_in_the_folder_its_output_is_bounded_and_its_time_too(
     ws: Workspace, monkeypatch: pytest.MonkeyPatch
 ):
@@ -178,6 +179,7 @@ def test_config_checks_tools_and_mcp_servers(tmp_path: Path):
             _validate_agent(dataclasses.replace(base, **changes))  # type: ignore[arg-type]
 
 
+@pytest.mark.process  # a shell command or an MCP server
 def test_mcp_servers_ready_failed_at_start_and_dead_later(tmp_path: Path):
     dies = tmp_path / "dies.py"
     dies.write_text(NOTES_SERVER.read_text().replace(
@@ -214,6 +216,7 @@ def test_mcp_servers_ready_failed_at_start_and_dead_later(tmp_path: Path):
         host.close()
 
 
+@pytest.mark.process  # a shell command or an MCP server
 def test_mcp_cli_imports_hosts_json_lists_over_stdio_and_http_and_removes(tmp_path: Path):
     import subprocess
 
@@ -270,6 +273,7 @@ def test_mcp_cli_imports_hosts_json_lists_over_stdio_and_http_and_removes(tmp_pa
         http.wait(10)
 
 
+@pytest.mark.process  # a shell command or an MCP server
 def test_a_server_killed_from_outside_is_noticed_by_its_ping(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
