@@ -94,7 +94,9 @@ class McpServer:
     command: str | None = None
     args: tuple[str, ...] = ()
     url: str | None = None
-    env: dict[str, str] = field(default_factory=dict)  # added to the command's environment
+    # added to the command's environment (which holds only HOME, PATH and a few more of
+    # this process's variables: the mcp SDK's rule)
+    env: dict[str, str] = field(default_factory=dict)
     enabled: bool = True
 
 

@@ -186,7 +186,9 @@ class McpHost:
             params = StdioServerParameters(
                 command=server.command,
                 args=list(server.args),
-                env={**os.environ, **server.env} if server.env else None,
+                # the SDK passes on only a safe few of this process's variables (HOME,
+                # PATH, ...) and adds these: an API key in this shell does not leak
+                env=dict(server.env) or None,
             )
             assert self._errlog is not None
             read, write = await stack.enter_async_context(stdio_client(params, errlog=self._errlog))
