@@ -95,7 +95,10 @@ def stream(base: str, path: str, body: dict[str, Any]) -> Result:
 
 
 def chat(base: str, messages: list[dict[str, str]], max_tokens: int) -> Result:
-    body = {"model": "starter", "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+    # plain greedy on both servers: a model's recommended penalty (the starter's 1.1)
+    # would otherwise be applied by localllm alone
+    body = {"model": "starter", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+            "repeat_penalty": 1.0}
     return stream(base, "/v1/chat/completions", body)
 
 
@@ -128,7 +131,7 @@ def concurrent(base: str, salt: str, tokens: int = 128) -> tuple[float, float, f
 def completion_during_chat(base: str, salt: str) -> tuple[float, float]:
     """(latency of a 16-token completion on the idle server, the same during a chat)."""
     body = {"model": "starter", "prompt": f"def fibonacci_{salt.replace('-', '_')}(n):"}
-    body |= {"max_tokens": 16, "temperature": 0}
+    body |= {"max_tokens": 16, "temperature": 0, "repeat_penalty": 1.0}
     idle = stream(base, "/v1/completions", body).total
     busy: list[float] = []
     chatting = threading.Thread(target=chat, args=(base, story(TOPICS[1], salt), 200))

@@ -193,6 +193,7 @@ def raw_sse(base: str) -> Callable[[list[int], int], Result]:
             "prompt": tokens,
             "max_tokens": n,
             "temperature": 0.0,
+            "repeat_penalty": 1.0,  # plain greedy, as the raw run (no recommended penalty)
             "stream": True,
             "stream_options": {"include_usage": True},
         }

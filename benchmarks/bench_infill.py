@@ -41,6 +41,7 @@ def body(prefix: str) -> dict[str, Any]:
         "prompt": "    return ",
         "n_predict": 16,
         "temperature": 0,
+        "repeat_penalty": 1.0,
         "top_k": 1,
         "cache_prompt": True,
         "samplers": ["top_k"],

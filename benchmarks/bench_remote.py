@@ -65,6 +65,7 @@ def one(base: str, model: str, n: int, tokens: int) -> dict[str, float]:
         "messages": [{"role": "user", "content": f"Request {n}: tell me about the sea."}],
         "max_tokens": tokens,
         "temperature": 0,
+        "repeat_penalty": 1.0,  # plain greedy through both paths
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -194,6 +194,9 @@ def _chat(base: str, model: str, messages: list[dict[str, str]], max_tokens: int
         "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
+        # plain greedy on any server: a model's recommended penalty (the starter's) would
+        # otherwise apply on localllm's side alone and the pair would not do the same work
+        "repeat_penalty": 1.0,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
