@@ -23,6 +23,7 @@ from localllm.history import ConversationSettings, History, StoredMessage
 from localllm.server.runner import BackgroundEndpoint
 from localllm.tui.app import ChatApp
 from localllm.tui.screens.approval import ApprovalScreen, ToolsScreen
+from localllm.tui.screens.settings import SettingsScreen
 from localllm.tui.widgets.messages import ChatMessage
 from tests.conftest import free_port
 from tests.tui.conftest import wait_for
@@ -224,6 +225,13 @@ async def test_tools_are_off_until_turned_on_in_the_tools_dialog(scripted, folde
         await send(app, pilot, "Hello again.")
         await wait_for(pilot, lambda: not app.generating and len(prompts) == 2, "the answer")
         assert "read_file" in prompts[-1] and "list_folder" not in prompts[-1]
+        await pilot.press("f4")  # the settings dialog's "Tools…" opens the same dialog
+        await wait_for(pilot, lambda: isinstance(app.screen, SettingsScreen), "settings")
+        app.screen.query_one("#tools", Button).press()
+        await wait_for(pilot, lambda: isinstance(app.screen, ToolsScreen), "the tools dialog")
+        assert app.screen.query_one("#tool-list", SelectionList).selected == ["read_file"]
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ToolsScreen), "closed")
 
 
 @pytest.mark.process  # a shell command or an MCP server
