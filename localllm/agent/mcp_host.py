@@ -78,6 +78,7 @@ class McpHost:
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._wake: dict[str, asyncio.Event] = {}  # a server's watcher looks again
+        self._starting: dict[str, asyncio.Task[None]] = {}  # each server's task
         self._died: dict[str, str] = {}  # why a call found its server gone
         self._thread = threading.Thread(target=self._run, name="mcp", daemon=True)
         self._errlog: TextIO | None = None
@@ -125,6 +126,9 @@ class McpHost:
                 self._stop.set()
             for wake in self._wake.values():
                 wake.set()
+            for name, task in self._starting.items():  # one still starting is not waited for
+                if self._state.get(name) == "starting":
+                    task.cancel()
 
         self._loop.call_soon_threadsafe(stop)
         self._thread.join(10)
@@ -146,7 +150,9 @@ class McpHost:
 
     async def _main(self) -> None:
         self._stop = asyncio.Event()
-        await asyncio.gather(*(self._serve(s) for s in self.servers))
+        tasks = {s.name: asyncio.create_task(self._serve(s)) for s in self.servers}
+        self._starting = tasks
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
 
     async def _serve(self, server: McpServer) -> None:
         name = server.name
@@ -163,6 +169,9 @@ class McpHost:
                 self._set(name, f"ready ({len(self._tools[name])} tools)")
                 await self._watch(name, session)
         except BaseException as exc:  # a server's failure stays its own
+            if self._stop is not None and self._stop.is_set():
+                self._set(name, "closed")  # the host closed while it started
+                return
             why = _reason(exc)
             started = name in self._sessions
             self._set(name, f"{'stopped' if started else 'failed'}: {why}")

@@ -301,3 +301,18 @@ def test_a_server_killed_from_outside_is_noticed_by_its_ping(
     finally:
         host.close()
 
+
+@pytest.mark.process  # an MCP server
+def test_closing_does_not_wait_for_a_server_that_never_answers(tmp_path: Path):
+    silent = McpServer("silent", command=sys.executable, args=("-c", "import time; time.sleep(60)"))
+    host = McpHost((silent,))
+    host.start()
+    for _ in range(100):  # it is started and waits for its `initialize` answer
+        if host._starting:
+            break
+        time.sleep(0.02)
+    assert host.states() == {"silent": "starting"}
+    host.close()  # joins the servers' thread for at most 10 s
+    assert not host._thread.is_alive()  # it did not wait out the 30 s start limit
+    assert host.states() == {"silent": "closed"}
+
