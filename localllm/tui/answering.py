@@ -341,6 +341,9 @@ class Answering(Commands):
         try:
             async for delta in stream.deltas(pacer.wait):
                 final = delta.final or final
+                if loops is not None and loops.tripped is not None:
+                    pacer.drawn()  # stopped: only its final figures are still read
+                    continue
                 calls += delta.tool_calls
                 thought, text = delta.reasoning, delta.text
                 parts.append(text)
@@ -348,7 +351,8 @@ class Answering(Commands):
                 if loops is not None and text and loops.feed(text):
                     stream.cancel()  # it repeats itself: stopped where the loop showed
                     parts = ["".join(parts)[: loops.cut]]
-                    break
+                    pacer.drawn()
+                    continue
                 if time.monotonic() - saved > SAVE_EVERY_S:
                     self.history.update(mid, _stored(thoughts, parts), INTERRUPTED)
                     saved = time.monotonic()

@@ -23,9 +23,9 @@ _BOUNDARY = re.compile(r"\n|(?<=[.!?])[ \t]+(?=\S)")
 
 class LoopGuard:
     def __init__(self) -> None:
-        self._text = ""
-        self._units: list[str] = []
-        self._done = 0  # characters of the text already cut into units
+        self._pending = ""  # the answer's text after the last unit's end
+        self._done = 0  # characters of the answer already cut into units
+        self._units: list[str] = []  # the last few units (all a repeat can span)
         self.tripped: str | None = None  # the unit that repeated, once it did
         self.cut = 0  # where the answer is cut once it tripped: after the last repeat
 
@@ -33,21 +33,20 @@ class LoopGuard:
         """More of the answer; True once it loops (and from then on)."""
         if self.tripped is not None:
             return True
-        self._text += text
-        base = self._done
+        pending = self._pending + text
         start = 0
-        pending = self._text[base:]
         for end in _BOUNDARY.finditer(pending):  # unit by unit: the cut is exact
             unit = pending[start : end.start()].strip()
             start = end.end()
-            self._done = base + start
             if not unit:
                 continue
             self._units = [*self._units[-MAX_BLOCK * REPEATS_ONE :], unit]
             self.tripped = self._repeating()
             if self.tripped is not None:
-                self.cut = self._done
+                self.cut = self._done + start
                 return True
+        self._pending = pending[start:]
+        self._done += start
         return False
 
     def _repeating(self) -> str | None:
