@@ -139,6 +139,11 @@ class Settings:
     # LoRA adapters the default model (`model`) loads with: "FILE" or "FILE:SCALE" each,
     # ids 0, 1, ... in this order (engine/adapters.py)
     lora: tuple[str, ...] = ()
+    # the projector (mmproj GGUF) the default model reads images and audio with; None: the
+    # one beside the model file, if any (models/projector.py)
+    mmproj: str | None = None
+    # image_url parts with http(s) URLs are fetched only when this is on (offline default)
+    fetch_image_urls: bool = False
     log_level: str = "warning"
     # security (see server/guard.py): Host names served besides loopback, the bound
     # address and IP literals ("*": any); browser origins allowed besides loopback and IDE
@@ -423,6 +428,8 @@ def _validate(s: Settings) -> None:
         raise ConfigError(
             f"kv_cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got '{s.kv_cache_type}'"
         )
+    if s.mmproj is not None and not Path(s.mmproj).expanduser().is_file():
+        raise ConfigError(f"mmproj: there is no projector file at {s.mmproj}")
     for spec in s.lora:
         path, _scale = lora_spec(spec)
         if not Path(path).exists():

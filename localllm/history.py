@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,8 +43,19 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 # versions existed reads 0 and has the schema above (version 1). A change to the schema
 # adds its SQL here under the next number; opening a database runs what it lacks, in one
 # transaction.
-SCHEMA_VERSION = 1
-MIGRATIONS: dict[int, str] = {1: SCHEMA}
+SCHEMA_VERSION = 2
+# 2: images and audio attached to a message (the chat's @photo.png), kept as sent
+ATTACHMENTS = """
+CREATE TABLE IF NOT EXISTS attachments (
+    id INTEGER PRIMARY KEY,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    name TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS attachments_by_message ON attachments(message_id, id);
+"""
+MIGRATIONS: dict[int, str] = {1: SCHEMA, 2: ATTACHMENTS}
 
 
 class HistoryTooNew(LocalLLMError):
@@ -100,12 +111,23 @@ class Conversation:
 
 
 @dataclass(frozen=True, slots=True)
+class Attachment:
+    """An image or audio file sent with a message: its name as the user wrote it, its kind
+    ("image" or "audio") and its bytes as they were read."""
+
+    name: str
+    kind: str
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class StoredMessage:
     id: int
     role: str
     content: str
     stats: dict[str, Any] | None
     in_context: bool
+    attachments: tuple[Attachment, ...] = ()
 
 
 class History:
@@ -205,7 +227,14 @@ class History:
             )
 
     # -- messages ------------------------------------------------------------------
-    def add(self, cid: int, role: str, content: str, stats: dict[str, Any] | None = None) -> int:
+    def add(
+        self,
+        cid: int,
+        role: str,
+        content: str,
+        stats: dict[str, Any] | None = None,
+        attachments: Sequence[Attachment] = (),
+    ) -> int:
         now = time.time()
         with self._tx() as db:
             cur = db.execute(
@@ -213,8 +242,13 @@ class History:
                 "VALUES (?,?,?,?,?)",
                 (cid, role, content, now, json.dumps(stats) if stats else None),
             )
+            mid = int(cur.lastrowid or 0)
+            db.executemany(
+                "INSERT INTO attachments(message_id, name, kind, data) VALUES (?,?,?,?)",
+                [(mid, a.name, a.kind, a.data) for a in attachments],
+            )
             db.execute("UPDATE conversations SET updated=? WHERE id=?", (now, cid))
-        return int(cur.lastrowid or 0)
+        return mid
 
     def update(self, mid: int, content: str, stats: dict[str, Any] | None) -> None:
         """Replace a message's text and figures (an answer saved as it streams)."""
@@ -230,8 +264,22 @@ class History:
             "WHERE conversation_id=? ORDER BY id",
             (cid,),
         ).fetchall()
+        held: dict[int, list[Attachment]] = {}
+        for mid, name, kind, data in self._db.execute(
+            "SELECT a.message_id, a.name, a.kind, a.data FROM attachments a "
+            "JOIN messages m ON m.id = a.message_id WHERE m.conversation_id=? ORDER BY a.id",
+            (cid,),
+        ):
+            held.setdefault(mid, []).append(Attachment(name, kind, bytes(data)))
         return [
-            StoredMessage(r[0], r[1], r[2], json.loads(r[3]) if r[3] else None, bool(r[4]))
+            StoredMessage(
+                r[0],
+                r[1],
+                r[2],
+                json.loads(r[3]) if r[3] else None,
+                bool(r[4]),
+                tuple(held.get(r[0], ())),
+            )
             for r in rows
         ]
 
@@ -264,4 +312,5 @@ class History:
                 "summary": "Summary of earlier turns",
             }.get(m.role, "Assistant")
             out += [f"**{label}**", "", m.content, ""]
+            out += [f"*[{a.kind}: {a.name}]*\n" for a in m.attachments]
         return "\n".join(out).rstrip() + "\n"

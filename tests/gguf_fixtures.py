@@ -169,3 +169,101 @@ def starter_lora(
     w.write_tensors_to_file()
     w.close()
     return dst
+
+
+def tiny_projector(dst: Path, *, text_embd: int = 576, seed: int = 0) -> Path:
+    """A LLaVA-style vision projector (`mmproj`) of random weights for a text model of
+    `text_embd` (the starter's 576): a one-block CLIP encoder on 32x32 images in 8x8
+    patches, and the two-layer MLP (mm.0, mm.2) that maps each of its 16 patches to one
+    embedding of the text model. Its answers are noise; libmtmd loads and runs it as it
+    would a real LLaVA projector."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    embd, ff, heads, image, patch, hidden = 32, 64, 2, 32, 8, 64
+    n_pos = (image // patch) ** 2 + 1  # the patches and the class embedding
+    writer = gguf.GGUFWriter(dst, arch="clip")
+    writer.add_string("general.name", "tiny-llava-projector")
+    writer.add_string("clip.projector_type", "mlp")
+    writer.add_bool("clip.has_vision_encoder", True)
+    writer.add_bool("clip.has_text_encoder", False)
+    writer.add_bool("clip.use_gelu", True)
+    for key, value in {
+        "embedding_length": embd,
+        "feed_forward_length": ff,
+        "block_count": 1,
+        "projection_dim": text_embd,
+        "attention.head_count": heads,
+        "image_size": image,
+        "patch_size": patch,
+    }.items():
+        writer.add_uint32(f"clip.vision.{key}", value)
+    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
+    writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    def weights(*shape: int, scale: float = 0.2) -> Any:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    def ones(n: int) -> Any:
+        return np.ones(n, dtype=np.float32)
+
+    def zeros(n: int) -> Any:
+        return np.zeros(n, dtype=np.float32)
+
+    tensors: dict[str, Any] = {
+        "v.patch_embd.weight": weights(embd, 3, patch, patch).astype(np.float16),
+        "v.class_embd": weights(embd),
+        "v.position_embd.weight": weights(n_pos, embd),
+        "v.pre_ln.weight": ones(embd),
+        "v.pre_ln.bias": zeros(embd),
+        "mm.0.weight": weights(hidden, embd).astype(np.float16),
+        "mm.0.bias": zeros(hidden),
+        "mm.2.weight": weights(text_embd, hidden).astype(np.float16),
+        "mm.2.bias": zeros(text_embd),
+    }
+    block = "v.blk.0"
+    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        tensors[f"{block}.{name}.weight"] = weights(embd, embd).astype(np.float16)
+        tensors[f"{block}.{name}.bias"] = zeros(embd)
+    tensors[f"{block}.ffn_up.weight"] = weights(ff, embd).astype(np.float16)
+    tensors[f"{block}.ffn_up.bias"] = zeros(ff)
+    tensors[f"{block}.ffn_down.weight"] = weights(embd, ff).astype(np.float16)
+    tensors[f"{block}.ffn_down.bias"] = zeros(embd)
+    for norm in ("ln1", "ln2"):
+        tensors[f"{block}.{norm}.weight"] = ones(embd)
+        tensors[f"{block}.{norm}.bias"] = zeros(embd)
+    for name, data in tensors.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def noise_png(width: int = 48, height: int = 40, seed: int = 0) -> bytes:
+    """A PNG of random pixels (each seed a different picture)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = (np.random.default_rng(seed).random((height, width, 3)) * 255).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "PNG")
+    return out.getvalue()
+
+
+def vision_folder(root: Path, name: str = "seer") -> Path:
+    """A store folder holding the starter (linked) and a tiny projector beside it: a model
+    that reads images (its answers are noise)."""
+    from localllm.models.starter import starter_path
+
+    starter = starter_path()
+    assert starter is not None
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "SmolLM2-135M-Instruct.Q4_1.gguf").symlink_to(starter)
+    tiny_projector(folder / "mmproj-seer-f16.gguf")
+    return folder

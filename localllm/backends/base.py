@@ -33,6 +33,28 @@ class ToolCall:
     arguments: str
 
 
+MediaKind = Literal["image", "audio"]
+# where each of a message's images or audio clips sits in its text (a model's own marker,
+# such as mtmd's "<__media__>", could be typed by a user; this one is ours)
+MEDIA_MARKER = "<__localllm_media__>"
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Media:
+    """An image or audio clip in a prompt, checked and decoded (backends/media.py): an
+    image as RGB pixels, row by row; audio as its file (wav, mp3 or flac). `digest` is the
+    SHA-256 of the bytes it came as: the prompt cache knows a picture by it."""
+
+    kind: MediaKind
+    data: bytes
+    digest: str
+    width: int = 0
+    height: int = 0
+    # the file it came as and its type (image/png, audio/wav): what a remote engine is sent
+    source: bytes = b""
+    mime: str = ""
+
+
 @dataclass(frozen=True, slots=True)
 class Message:
     role: Role
@@ -40,6 +62,8 @@ class Message:
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls
     tool_call_id: str | None = None  # a tool result: the call it answers
     name: str | None = None  # a tool result: the function's name
+    # images and audio, in the order their MEDIA_MARKERs appear in `content`
+    media: tuple[Media, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +202,8 @@ class ModelInfo:
     # the longest token's text in bytes: a text of B bytes is at least B / this many
     # tokens, which bounds a prompt before it is tokenized; 0: not known
     max_token_bytes: int = 0
+    # what it reads beside text: "image", "audio" (through its projector); empty: text only
+    media: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +217,7 @@ class LoadOptions:
     # LoRA adapters loaded with the model (ids 0, 1, ... in this order): each file and the
     # scale a request that names no adapters gets
     loras: tuple[tuple[str, float], ...] = ()
+    mmproj: str | None = None  # the projector (mmproj GGUF) that lets it read images, audio
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,6 +52,7 @@ from localllm.backends.common import (
 )
 from localllm.backends.llamacpp_embed import Embedder, rank_layout, rank_row
 from localllm.backends.llamacpp_lora import Loras
+from localllm.backends.llamacpp_media import Projector
 from localllm.backends.llamacpp_native import (
     device_name,
     gpu_offload,
@@ -62,6 +63,7 @@ from localllm.backends.llamacpp_native import (
     native,
 )
 from localllm.backends.llamacpp_sampling import sampler_chain
+from localllm.backends.media import no_media
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
@@ -160,6 +162,15 @@ class LlamaCppModel:
         self._one = (ll.llama_token * 1)()
         self.info = self._describe(ref, n_ctx, n_ctx_train, device_name(ll, n_gpu), threads)
         self.info.extra["kv_type"] = options.kv_type
+        self._projector: Projector | None = None
+        if options.mmproj:
+            try:
+                self._projector = Projector(ll, model, options.mmproj, threads)
+            except BaseException:
+                self.close()
+                raise
+            self.info = dataclasses.replace(self.info, media=self._projector.kinds)
+            self.info.extra["mmproj"] = options.mmproj
         if options.progress is not None:
             options.progress(1.0)
 
@@ -252,6 +263,8 @@ class LlamaCppModel:
 
     def _token_bytes(self, token: int, *, special: bool) -> bytes:
         ll, buf = self._ll, self._piece_buf
+        if token < 0:  # a picture's stand-in (backends/media.py): no text
+            return b""
         n = ll.llama_token_to_piece(self._vocab, token, buf, len(buf), 0, special)
         if n < 0:
             buf = ctypes.create_string_buffer(-n)
@@ -269,12 +282,22 @@ class LlamaCppModel:
         ll, vocab = self._ll, self._vocab
         bos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_bos(vocab)) or b""
         eos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_eos(vocab)) or b""
+        media = [m for msg in messages for m in msg.media]
+        projector = self._projector
+        if media and projector is None:
+            raise no_media(self.info, media[0].kind)
+
+        def tokenize(text: str) -> list[int]:
+            if media and projector is not None:
+                return projector.tokenize(text, media)
+            return self.tokenize(text, special=True)
+
         return chat_tokens(
             self.info.chat_template,
             messages,
             bos_text=bos_text.decode("utf-8", "replace"),
             eos_text=eos_text.decode("utf-8", "replace"),
-            tokenize_special=lambda text: self.tokenize(text, special=True),
+            tokenize_special=tokenize,
             add_bos=self.info.add_bos,
             bos_id=self.info.bos_id,
             variables=variables,
@@ -362,6 +385,16 @@ class LlamaCppModel:
 
     def step(self, work: Sequence[SeqWork]) -> None:
         ll, batch = self._ll, self._batch
+        if self._projector is not None and any(w.tokens and min(w.tokens) < 0 for w in work):
+            try:
+                work = self._projector.read_pictures(self._ctx, self._batch, self._kvs, work)
+            except LocalLLMError:
+                for w in work:
+                    self._reset_kv(w.seq)
+                raise
+            if not work:  # every part was pictures (and text before them)
+                self._rows = {}
+                return
         i = 0
         self._rows = {}
         for w in work:
@@ -387,6 +420,7 @@ class LlamaCppModel:
             self._kvs[w.seq].append(w.tokens, exact=w.exact)
 
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
+        history = [t for t in history if t >= 0]  # no penalty reads a picture's stand-ins
         return sampler_chain(self._ll, self._vocab, params, history)
 
     def sample(self, sampler: Any, seq: int, row: int, allowed: Any = None) -> int:
@@ -558,6 +592,10 @@ class LlamaCppModel:
         return self._embedder.rank(rows, self.info, first), sum(len(r) for r in rows)
 
     def close(self) -> None:
+        projector = getattr(self, "_projector", None)
+        if projector is not None:
+            projector.close()
+            self._projector = None
         if getattr(self, "_embedder", None) is not None:
             self._embedder.close()
         ll = self._ll

@@ -65,6 +65,7 @@ SETTING_FLAGS = (
     "parallel",
     "kv_cache_type",
     "lora",
+    "mmproj",
     "deterministic",
     "no_auth",
 )

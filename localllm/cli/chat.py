@@ -28,6 +28,7 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 def run(settings: Settings, args: argparse.Namespace) -> int:
     from localllm.engine.engine import Engine
     from localllm.history import History
+    from localllm.tui import pictures
     from localllm.tui.app import ChatApp
     from localllm.tui.logview import logging_to_file
 
@@ -38,7 +39,9 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         history = History(settings.data_dir / "history.sqlite3")
         try:
             with logging_to_file(settings.data_dir):  # never drawn over the chat's screen
-                ChatApp(settings, engine, history=history, serve=not args.no_serve).run()
+                app = ChatApp(settings, engine, history=history, serve=not args.no_serve)
+                app.inline_images = pictures.probe()  # before the app takes the terminal
+                app.run()
         finally:
             history.close()
     finally:

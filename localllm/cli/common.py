@@ -126,6 +126,13 @@ def model_flags(p: argparse.ArgumentParser, *, model_flag: str = "model") -> Non
     backend_flag(p)
     kv_flag(p)
     lora_flag(p)
+    p.add_argument(
+        "--mmproj",
+        type=existing_file,
+        metavar="FILE",
+        help="the model's projector (mmproj GGUF), to read images and audio (default: the "
+        "one beside the model file)",
+    )
     force_flag(p)
     speculate_flags(p)
     batch_flags(p)
@@ -190,6 +197,12 @@ def lora_flag(p: argparse.ArgumentParser) -> None:
         "SCALE (default 1.0); repeat for several (ids 0, 1, ...); requests pick theirs with "
         '"lora": [{"id": 0, "scale": 0.5}]',
     )
+
+
+def existing_file(text: str) -> str:
+    if not Path(text).expanduser().is_file():
+        raise argparse.ArgumentTypeError(f"there is no file at {text}")
+    return str(Path(text).expanduser().resolve())
 
 
 def lora_arg(text: str) -> str:

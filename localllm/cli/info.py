@@ -17,6 +17,7 @@ from localllm.cli.common import (
 )
 from localllm.config import Settings
 from localllm.errors import LocalLLMError
+from localllm.models import projector
 
 if TYPE_CHECKING:
     from localllm.backends.base import ModelRef
@@ -92,7 +93,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         ("memory", _memory_line(settings, need, profile.gpu_offload)),
         ("chat template", "yes" if meta.chat_template else "no (ChatML is used)"),
         ("fill-in-middle", fim),
-        ("capabilities", ", ".join(capabilities(meta, ref.format))),
+        ("capabilities", ", ".join(capabilities(meta, ref.format, projector.kinds(ref.path)))),
         ("sampling", sampling_line(rec)),
     ]
     described = len(fields)  # what follows (imports, provenance, drafts) is text
@@ -130,7 +131,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 "memory_bytes": need.total,
                 "chat_template": bool(meta.chat_template),
                 "fill_in_middle": bool(meta.fim_ids),
-                "capabilities": capabilities(meta, ref.format),
+                "capabilities": capabilities(meta, ref.format, projector.kinds(ref.path)),
                 "sampling": {"recommended": rec.values, "source": rec.source},
                 "backend": backend_line,
                 "device": device or None,

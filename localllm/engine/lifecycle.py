@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from localllm.backends import reasoning
 from localllm.backends.base import Chunk, LoadedModel, ModelRef
 from localllm.backends.common import check_request
+from localllm.backends.media import has_media
 from localllm.config import Settings
 from localllm.engine.adapters import applied
 from localllm.engine.client import Budget, Observer
@@ -151,8 +152,9 @@ class ModelHooks:
         )
         exact = bool(request.deterministic)  # the setting's when the request is silent
         params = request.params
-        # a grammar or log probabilities go token by token: no drafts to verify
-        plain = params.grammar is None and params.logprobs is None
+        # a grammar or log probabilities go token by token: no drafts to verify; nor does
+        # a prompt with pictures (a draft model could not read them)
+        plain = params.grammar is None and params.logprobs is None and not has_media(tokens)
         drafter = self._speculation.drafter(request, ref, model) if plain else None
         self._life.totals["requests"] += 1
         return Admission(tokens, started, drafter, exact, adapters)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from localllm.backends import tools
 from localllm.backends.base import LoadedModel, Message, ModelInfo
+from localllm.backends.media import no_media
 from localllm.engine import grammar
 from localllm.engine.request import Infill, Request
 from localllm.errors import ContextOverflow, FimUnsupported, InvalidRequest
@@ -143,6 +144,10 @@ def render_messages(model: LoadedModel, request: Request, messages: Sequence[Mes
     """A chat's prompt: the template gets the tools when it knows them; a template that
     does not gets them described in a system message and the calls and results
     rewritten as turns it takes (backends/tools.py)."""
+    for m in messages:
+        for item in m.media:
+            if item.kind not in model.info.media:
+                raise no_media(model.info, item.kind)
     fmt = tools.format_for(model.info.chat_template)
     spec = request.tools
     variables = dict(request.template_vars or {})

@@ -59,6 +59,13 @@ def model_key(ref: ModelRef, model: LoadedModel, kv_type: str) -> str:
         str(info.n_ctx),
         kv_type,
     ]
+    mmproj = info.extra.get("mmproj")
+    if mmproj:  # a picture's KV is what its projector made of it
+        try:
+            st = Path(mmproj).stat()
+            parts.append(f"{Path(mmproj).resolve()}:{st.st_size}:{st.st_mtime_ns}")
+        except OSError:
+            parts.append(mmproj)
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 

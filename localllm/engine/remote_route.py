@@ -19,13 +19,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
-from localllm.backends.base import Chunk, GenerationStats, Message, ToolCall
+from localllm.backends.base import Chunk, GenerationStats, ToolCall
 from localllm.backends.remote import RemoteModel, Upstream
 from localllm.backends.tools import new_call_id
 from localllm.config import Settings
+from localllm.engine.remote_wire import body_of
 from localllm.engine.request import END, Request, Started
 from localllm.engine.stream import ChunkStream, chunks_of
-from localllm.errors import InvalidRequest, LocalLLMError, RemoteRejected, RemoteUnavailable
+from localllm.errors import LocalLLMError, RemoteRejected, RemoteUnavailable
 
 
 class Host(Protocol):
@@ -76,97 +77,6 @@ class Remotes:
 
     def status(self) -> list[dict[str, Any]]:
         return [u.status() for u in self.upstreams.values()]
-
-
-# -- the wire -----------------------------------------------------------------------------
-def _message(m: Message) -> dict[str, Any]:
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
-    if m.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in m.tool_calls
-        ]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name is not None and m.role == "tool":
-        out["name"] = m.name
-    return out
-
-
-def body_of(request: Request, model_id: str) -> tuple[str, dict[str, Any]]:
-    """The path and JSON body of the engine request; InvalidRequest naming what a remote
-    model cannot take."""
-    p = request.params
-    refuse = [
-        ("prompt_tokens", request.prompt_tokens is not None, "token ids are this machine's"),
-        ("infill", request.infill is not None, "/infill is answered by local models"),
-        ("logprobs", p.logprobs is not None, "log probabilities are not passed through"),
-        # localllm's own decoding options: the engine decodes as it is set up to
-        ("speculate", request.speculate is not None, "the engine does its own decoding"),
-        ("draft_model", request.draft_model is not None, "the engine does its own decoding"),
-        ("deterministic", bool(request.deterministic), "the engine schedules its own batches"),
-        ("lora", request.lora is not None, "adapters are this machine's (serve them by name)"),
-    ]
-    for field, present, why in refuse:
-        if present:
-            raise InvalidRequest(
-                f"{field} cannot be sent to the remote model {request.model}: {why}",
-                param=field,
-                code="unsupported_for_remote",
-            )
-    body: dict[str, Any] = {
-        "model": model_id,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
-    # the sampling the client set; what it left unset is the engine's own default (vLLM's
-    # is the model's generation_config.json); top_k and min_p are extensions that vLLM,
-    # SGLang and llama-server take
-    for name in ("temperature", "top_p", "top_k", "min_p"):
-        if p.given is None or name in p.given:
-            body[name] = getattr(p, name)
-    if p.max_tokens is not None:
-        body["max_tokens"] = p.max_tokens
-    if p.stop:
-        body["stop"] = list(p.stop)
-    if p.seed is not None:
-        body["seed"] = p.seed
-    if p.frequency_penalty:
-        body["frequency_penalty"] = p.frequency_penalty
-    if p.presence_penalty:
-        body["presence_penalty"] = p.presence_penalty
-    if p.repeat_penalty != 1.0:
-        body["repetition_penalty"] = p.repeat_penalty
-    if p.logit_bias:
-        body["logit_bias"] = {str(t): b for t, b in p.logit_bias}
-    if p.grammar is not None:
-        if request.response_format is None:
-            raise InvalidRequest(
-                f"this constraint cannot be sent to the remote model {request.model}; "
-                "use response_format",
-                param="format",
-                code="unsupported_for_remote",
-            )
-        body["response_format"] = dict(request.response_format)
-    if request.messages is None:
-        body["prompt"] = request.prompt or ""
-        if request.suffix is not None:
-            body["suffix"] = request.suffix
-        return "/completions", body
-    body["messages"] = [_message(m) for m in request.messages]
-    if request.tools is not None:
-        body["tools"] = list(request.tools.tools)
-        choice = request.tools.choice
-        body["tool_choice"] = (
-            {"type": "function", "function": {"name": choice.name}}
-            if choice.mode == "function"
-            else choice.mode
-        )
-        if not choice.parallel:
-            body["parallel_tool_calls"] = False
-    if request.template_vars:
-        body["chat_template_kwargs"] = dict(request.template_vars)
-    return "/chat/completions", body
 
 
 class _Reply:
@@ -291,14 +201,18 @@ async def _answer(
     try:
         async for event in events:
             text, thought = reply.delta_of(event)
+            # an engine that ignores max_tokens is cut (its request closed) at the piece
+            # past the limit; one that keeps it goes on to its usage, after the last piece
+            if limit is not None and reply.pieces > limit:
+                reply.finish = reply.finish or "length"
+                break
             if not started:
                 feed(Started(name, 0, backend="remote", quota_max_tokens=capped))
                 started = True
             if text or thought:
                 feed(Chunk(text, (), reasoning=thought))
-            size += len(text) + len(thought)  # an engine that ignores max_tokens is cut:
-            over = limit is not None and reply.pieces >= limit  # its request is closed
-            if over or size > MAX_REMOTE_CHARS or time.monotonic() - begun > MAX_REMOTE_S:
+            size += len(text) + len(thought)
+            if size > MAX_REMOTE_CHARS or time.monotonic() - begun > MAX_REMOTE_S:
                 reply.finish = reply.finish or "length"
                 break
     except RemoteUnavailable as exc:
@@ -325,7 +239,8 @@ async def _answer(
         # counted once the answer is whole, not beside it: llama-cpp-python's server
         # ends a stream when another request arrives
         prompt = await _prompt_count(up, model_id, body)
-    generated = usage.get("completion_tokens", reply.pieces)
+    fed = reply.pieces if limit is None else min(reply.pieces, limit)
+    generated = usage.get("completion_tokens", fed)
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     ended = time.monotonic()
     first = reply.first or ended

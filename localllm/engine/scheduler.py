@@ -44,6 +44,7 @@ from localllm.backends.common import (
     reusable_prefix,
     token_logprob,
 )
+from localllm.backends.media import has_media, whole_runs
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.grammar import Constraint
 from localllm.engine.request import END, Job, Request, end_unstarted
@@ -213,6 +214,7 @@ class Scheduler:
             constraint=constraint,
             logprobs=params.logprobs,
             adapters=adm.adapters,
+            pictures=has_media(prompt),
         )
 
     # -- one step ----------------------------------------------------------------------
@@ -293,6 +295,8 @@ class Scheduler:
             n = min(left - 1, budget) if left > 1 and len(running) == 1 else min(left, budget)
             if r.exact:
                 n = _aligned_part(r.done, len(r.prompt))
+            if r.pictures:
+                n = whole_runs(r.prompt, r.done, r.done + n) - r.done  # a picture read whole
             last = r.done + n == len(r.prompt)
             part = r.prompt[r.done : r.done + n]
             work.append(SeqWork(r.seq, part, logits=1 if last else 0, exact=r.exact))

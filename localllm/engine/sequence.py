@@ -44,6 +44,7 @@ class Running:
     picked: TokenLogprob | None = None  # the last sampled token's, when reported
     held: bool = False  # paused at the last step: its reader is behind (see `paused`)
     adapters: Applied = BASE  # the LoRA adapters its steps run with
+    pictures: bool = False  # its prompt holds images or audio: each read whole in a step
 
     @property
     def prefilling(self) -> bool:

@@ -290,21 +290,41 @@ def _fim_ids(fields: dict[str, Any], tokens: list[str]) -> tuple[int, int, int] 
     return fim_ids_from_tokens(tokens)
 
 
-def read_gguf(path: Path) -> GGUFMeta:
-    """Parse the header of a GGUF file; raise DamagedModel when it is not a valid GGUF."""
-    path = Path(path)
+def _header(path: Path) -> tuple[dict[str, Any], list[_Tensor], int]:
+    """A GGUF file's parsed header; DamagedModel when it is not a valid GGUF."""
     if not is_gguf(path):
         raise DamagedModel(str(path), "not a GGUF file (the first 4 bytes are not 'GGUF')")
     try:
         with path.open("rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
             view = memoryview(mm)
             try:
-                fields, tensors, data_start = _parse(view)
+                return _parse(view)
             finally:
                 view.release()
+    except (ValueError, struct.error, OSError, UnicodeDecodeError) as exc:
+        raise DamagedModel(str(path), f"damaged GGUF header ({exc})") from None
+
+
+def read_gguf(path: Path) -> GGUFMeta:
+    """Parse the header of a GGUF file; raise DamagedModel when it is not a valid GGUF."""
+    path = Path(path)
+    fields, tensors, data_start = _header(path)
+    try:
         return _meta(path, fields, tensors, data_start)
     except (ValueError, struct.error, OSError, UnicodeDecodeError) as exc:
         raise DamagedModel(str(path), f"damaged GGUF header ({exc})") from None
+
+
+def projector_kinds(path: Path) -> frozenset[str]:
+    """What a projector (mmproj) GGUF encodes: "image", "audio"; DamagedModel when its
+    header is not a GGUF's, empty when it is not a projector."""
+    fields, _tensors, _start = _header(Path(path))
+    out = set()
+    if fields.get("clip.has_vision_encoder"):
+        out.add("image")
+    if fields.get("clip.has_audio_encoder"):
+        out.add("audio")
+    return frozenset(out)
 
 
 # GGUF's recommended-sampling keys (llama.cpp reads the same), as SamplingParams fields
@@ -407,13 +427,20 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
     return header if isinstance(header, dict) else {}
 
 
-def capabilities(meta: ModelMeta, fmt: str = "gguf") -> list[str]:
+def capabilities(
+    meta: ModelMeta, fmt: str = "gguf", media: frozenset[str] = frozenset()
+) -> list[str]:
     """Every model can call tools here (a template without tools gets the generic format);
     fill-in-the-middle where the vocabulary has the tokens; embeddings on llama.cpp; a
-    reranker (rank pooling) only ranks."""
+    reranker (rank pooling) only ranks; vision and audio where its projector reads them
+    (Ollama's words)."""
     if meta.reranker:
         return ["rerank"]
     out = ["completion", "tools"]
+    if "image" in media:
+        out.append("vision")
+    if "audio" in media:
+        out.append("audio")
     if meta.fim_ids:
         out.append("insert")
     if fmt == "gguf":

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from localllm.errors import DownloadFailed, LocalLLMError
-from localllm.models import fit
+from localllm.models import fit, projector
 from localllm.models.gguf import read_meta
 from localllm.provenance import PROVENANCE, read_provenance
 from localllm.units import format_bytes
@@ -172,7 +172,9 @@ def choose(
 ) -> tuple[Literal["gguf", "mlx"], list[RemoteFile]]:
     """Which files to pull: ('gguf', one model's shards) or ('mlx', the whole repository).
     Ambiguity and absence are DownloadFailed with the choices in the message."""
-    ggufs = [f for f in files if f.path.lower().endswith(".gguf")]
+    ggufs = [
+        f for f in files if f.path.lower().endswith(".gguf") and not projector.is_projector(f.path)
+    ]
     names = {f.path for f in files}
     is_mlx = "config.json" in names and any(p.endswith(".safetensors") for p in names)
     if not ggufs:
@@ -192,7 +194,7 @@ def choose(
     else:
         picked = groups
     if len(picked) == 1:
-        return "gguf", next(iter(picked.values()))
+        return "gguf", [*next(iter(picked.values())), *_projector_of(files)]
     pool = picked or groups
     choices = "; ".join(
         f"{repo}:{_label(g)} ({format_bytes(sum(f.size or 0 for f in fs))})"
@@ -200,6 +202,14 @@ def choose(
     )
     why = f"no GGUF file matches '{pattern}'" if pattern and not picked else "several GGUF files"
     raise DownloadFailed(repo, f"{why}; choose one: {choices}")
+
+
+def _projector_of(files: list[RemoteFile]) -> list[RemoteFile]:
+    """The repository's projector (mmproj), pulled with the model so that it reads
+    images: the full-precision one when there are several (models/projector.py)."""
+    found = {f.path: f for f in files if projector.is_projector(f.path)}
+    name = projector.best(found)
+    return [found[name]] if name is not None else []
 
 
 def _label(group: str) -> str:
@@ -212,7 +222,11 @@ def plan_pull(spec: str, *, name: str | None = None, revision: str | None = None
     kind, chosen = choose(repo, files, pattern)
     groups: dict[str, int] = {}
     for f in files:
-        if f.path.lower().endswith(".gguf") and f not in chosen:
+        if (
+            f.path.lower().endswith(".gguf")
+            and f not in chosen
+            and not projector.is_projector(f.path)
+        ):
             label = _label(_group(f.path))
             groups[label] = groups.get(label, 0) + (f.size or 0)
     default = _label(_group(chosen[0].path)) if kind == "gguf" else repo.rsplit("/", 1)[-1]

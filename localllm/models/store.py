@@ -25,6 +25,7 @@ from typing import Any
 from localllm.backends.base import ModelRef
 from localllm.errors import InvalidRequest, ModelNotFound
 from localllm.models.gguf import is_gguf
+from localllm.models.projector import is_projector
 from localllm.models.starter import STARTER_NAME, starter_path
 
 _LATER_SHARD = re.compile(r"-0*([2-9]|\d{2,})-of-\d+\.gguf$", re.IGNORECASE)
@@ -65,7 +66,7 @@ def _ggufs_in(folder: Path) -> list[Path]:
         files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
     except OSError:
         return []
-    return [p for p in files if not _LATER_SHARD.search(p.name)]
+    return [p for p in files if not _LATER_SHARD.search(p.name) and not is_projector(p.name)]
 
 
 def looks_like_path(name: str) -> bool:
@@ -130,7 +131,7 @@ class ModelStore:
         for entry in sorted(self.models_dir.iterdir()):
             if entry.name.startswith("."):
                 continue  # temporary files of an unfinished write
-            if entry.is_file() and entry.suffix.lower() == ".gguf":
+            if entry.is_file() and entry.suffix.lower() == ".gguf" and not is_projector(entry.name):
                 refs.append(ModelRef(entry.stem, entry, "gguf", "store", _size(entry)))
             elif entry.is_dir() and is_mlx_dir(entry):
                 refs.append(ModelRef(entry.name, entry, "mlx", "store", dir_size(entry)))
@@ -165,7 +166,7 @@ class ModelStore:
             if is_mlx_dir(snapshot):
                 refs.append(ModelRef(repo, snapshot, "mlx", "hf-cache", dir_size(snapshot)))
                 continue
-            for f in sorted(snapshot.rglob("*.gguf")):
+            for f in sorted(p for p in snapshot.rglob("*.gguf") if not is_projector(p.name)):
                 if _LATER_SHARD.search(f.name) or not f.is_file():
                     continue
                 rel = f.relative_to(snapshot).as_posix()

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -18,20 +19,23 @@ from textual.containers import VerticalScroll
 
 from localllm.backends import reasoning
 from localllm.backends.base import (
+    MEDIA_MARKER,
     Chunk,
     CoreModel,
+    Media,
     Message,
     ModelInfo,
     SamplingParams,
     ToolCall,
 )
+from localllm.backends.media import from_bytes
 from localllm.backends.reasoning import without_reasoning
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
 from localllm.engine.request import Request
 from localllm.engine.stream import ChunkStream
 from localllm.errors import ContextOverflow, LocalLLMError
-from localllm.history import Conversation, History, StoredMessage
+from localllm.history import Attachment, Conversation, History, StoredMessage
 from localllm.tui.attach import Attached, AttachError, attach
 from localllm.tui.commands import COMPACT_AT, SUMMARY_PREFIX, Commands, summary_text
 from localllm.tui.loop_guard import LoopGuard
@@ -103,7 +107,7 @@ class Answering(Commands):
             return
         if attached.files:
             await self._say_attached(attached)
-        await self.send(attached.text)
+        await self.send(attached.text, attached.media)
 
     async def _say_attached(self, attached: Attached) -> None:
         """A note of what each @file adds to the prompt, in the model's tokens."""
@@ -116,12 +120,12 @@ class Answering(Commands):
                 notes.append(f"{name} ({len(text):,} characters)")
         self.notify("Attached " + ", ".join(notes), title="Files")
 
-    async def send(self, text: str) -> None:
+    async def send(self, text: str, media: Sequence[Attachment] = ()) -> None:
         assert self.conv is not None
-        mid = self.history.add(self.conv.id, "user", text)
+        mid = self.history.add(self.conv.id, "user", text, attachments=media)
         if self.conv.title == NEW_TITLE:
             self._retitle(self.conv.id, _title_from(text))
-        await self.chat.mount(ChatMessage("user", text, message_id=mid))
+        await self.chat.mount(ChatMessage("user", text, message_id=mid, attachments=media))
         self.chat.scroll_end(animate=False)
         self.generate()
 
@@ -271,8 +275,11 @@ class Answering(Commands):
         self.conv = new
         await self.refresh_sidebar()
         await self.open_conversation(new.id)
-        mid = self.history.add(new.id, "user", last_user.content)
-        await self.chat.mount(ChatMessage("user", last_user.content, message_id=mid))
+        pictures = last_user.attachments
+        mid = self.history.add(new.id, "user", last_user.content, attachments=pictures)
+        await self.chat.mount(
+            ChatMessage("user", last_user.content, message_id=mid, attachments=pictures)
+        )
         await self._answer_then_stream(new)
 
     async def _answer_then_stream(self, conv: Conversation) -> None:
@@ -492,7 +499,16 @@ def _message(m: StoredMessage) -> Message:
         return Message(
             "tool", m.content, tool_call_id=stats.get("tool_call_id"), name=stats.get("name")
         )
+    if m.attachments:  # each image or clip placed before the text, as Ollama places them
+        items = tuple(_decoded(a.data) for a in m.attachments)
+        return Message("user", MEDIA_MARKER * len(items) + m.content, media=items)
     return Message("user", m.content)
+
+
+@functools.lru_cache(maxsize=16)
+def _decoded(data: bytes) -> Media:
+    """An attachment as the engine reads it (decoded once per picture while it is recent)."""
+    return from_bytes(data, param="attachment")
 
 
 def _call_dict(call: ToolCall) -> dict[str, str]:

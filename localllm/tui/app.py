@@ -144,6 +144,7 @@ class ChatApp(Answering):
         engine.limit_by(self.accounting)  # the keys' daily token quotas
         self.history = history
         self.serve = serve
+        self.inline_images = False  # the terminal draws pictures (tui/pictures.py probe)
         # a remote engine's model the chat talks to (NAME/MODEL); None: the loaded model
         self.remote_model: str | None = None
         self.live_status = live_status
@@ -361,7 +362,14 @@ class ChatApp(Answering):
         await self.chat.remove_children()
         stored = self.history.messages(cid)
         widgets = [
-            ChatMessage(m.role, m.content, stats=m.stats, in_context=m.in_context, message_id=m.id)
+            ChatMessage(
+                m.role,
+                m.content,
+                stats=m.stats,
+                in_context=m.in_context,
+                message_id=m.id,
+                attachments=m.attachments,
+            )
             for m in stored
         ]
         if widgets:

@@ -3,6 +3,7 @@ as VS Code Copilot, Zed and Continue write them), against a real server on the s
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +13,7 @@ import jsonschema
 import pytest
 
 from tests.conftest import ServerProcess
+from tests.gguf_fixtures import noise_png
 
 # VS Code Copilot (BYOK, Ollama provider): discovery
 COPILOT_SHOW = {"model": "starter"}
@@ -151,8 +153,10 @@ def test_errors_in_ollamas_shape(http: httpx.Client):
     r = http.post("/api/chat", json={"model": "nope", "messages": [
         {"role": "user", "content": "hi"}]})
     assert r.status_code == 404 and "nope" in r.json()["error"]
-    r = http.post("/api/generate", json={"model": "starter", "prompt": "x",
-                                         "images": ["AAAA"]})
-    assert r.status_code == 400 and "vision" in r.json()["error"]
+    png = base64.b64encode(noise_png()).decode()
+    r = http.post("/api/generate", json={"model": "starter", "prompt": "x", "images": [png]})
+    assert r.status_code == 400 and "cannot read images" in r.json()["error"]
+    r = http.post("/api/generate", json={"model": "starter", "prompt": "x", "images": ["AAAA"]})
+    assert r.status_code == 400 and "not an image" in r.json()["error"]
     r = http.post("/api/show", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]

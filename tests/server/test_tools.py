@@ -8,6 +8,7 @@ native path: `<tool_call>` blocks in the reply, constrained when a call is requi
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from collections.abc import Iterator, Sequence
@@ -24,7 +25,7 @@ from openai.types.chat import (
 
 from localllm.backends.base import ModelRef
 from tests.conftest import ServerProcess, body_of, starts_process, usage_of
-from tests.gguf_fixtures import copy_with_metadata
+from tests.gguf_fixtures import copy_with_metadata, noise_png
 
 WEATHER_PARAMS: dict[str, object] = {
     "type": "object",
@@ -59,6 +60,8 @@ HERMES_LIKE = (
     "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+
+PNG = base64.b64encode(noise_png()).decode()
 
 
 def client_of(srv: ServerProcess) -> openai.OpenAI:
@@ -262,8 +265,8 @@ def test_refusals_name_what_is_wrong(server: ServerProcess):
     assert "no tools" in err.message
     err = refused(messages=[{"role": "user", "content": [
         {"type": "text", "text": "What is this?"},
-        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
-    assert body_of(err)["code"] == "vision_not_supported" and "vision" in err.message
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}])
+    assert body_of(err)["code"] == "vision_not_supported" and "mmproj" in err.message
     err = refused(logit_bias={"99999999": 5})
     assert "99999999" in err.message and "vocabulary" in err.message
 

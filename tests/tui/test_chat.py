@@ -528,17 +528,17 @@ async def test_a_file_named_with_at_is_attached(make_app, history: History, tmp_
     a binary file is refused in one line and the prompt stays in the box."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("The launch is on Tuesday.\n")
-    (tmp_path / "image.png").write_bytes(b"\x89PNG\x00\x00")
+    (tmp_path / "blob.bin").write_bytes(b"\x89PNG\x00\x00")
     history.create("t", GREEDY)
     app = make_app()
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         app.prompt_box.focus()
-        app.prompt_box.load_text("Describe @image.png")
+        app.prompt_box.load_text("Describe @blob.bin")
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(app._notifications) > 0, "the refusal")
-        assert "@image.png: a binary file" in [n.message for n in app._notifications][-1]
-        assert app.prompt_box.text == "Describe @image.png" and not answers(app)
+        assert "@blob.bin: a binary file" in [n.message for n in app._notifications][-1]
+        assert app.prompt_box.text == "Describe @blob.bin" and not answers(app)
         app.prompt_box.load_text("When is the launch? @notes.txt")
         await pilot.press("enter")
 

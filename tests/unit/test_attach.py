@@ -36,3 +36,24 @@ def test_what_cannot_be_attached_is_one_line(tmp_path: Path, name: str,
     with pytest.raises(AttachError) as err:
         attach(f"Look at @{name}", tmp_path)
     assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_images_go_as_themselves_named_with_at_or_pasted(tmp_path: Path):
+    from tests.gguf_fixtures import noise_png
+
+    (tmp_path / "cat.png").write_bytes(noise_png())
+    (tmp_path / "my pics").mkdir()
+    (tmp_path / "my pics" / "dog.jpg").write_bytes(noise_png(seed=2))  # a PNG named .jpg
+    out = attach("What is @cat.png?", tmp_path)
+    assert out.text == "What is @cat.png?" and out.files == ()
+    assert [(a.name, a.kind, a.data) for a in out.media] == [("cat.png", "image", noise_png())]
+    dragged = f"and '{tmp_path}/my pics/dog.jpg' too"  # a terminal's paste of a dragged file
+    assert [a.name for a in attach(dragged, tmp_path).media] == [f"{tmp_path}/my pics/dog.jpg"]
+    escaped = f"see {tmp_path}/my\\ pics/dog.jpg"
+    assert len(attach(escaped, tmp_path).media) == 1
+    assert attach(f"no such {tmp_path}/gone.png here", tmp_path).media == ()  # text, not a file
+    with pytest.raises(AttachError, match=r"@gone\.png: no such file"):
+        attach("look @gone.png", tmp_path)
+    (tmp_path / "fake.wav").write_bytes(b"not audio")
+    with pytest.raises(AttachError, match=r"@fake\.wav is not a wav, mp3 or flac file"):
+        attach("@fake.wav", tmp_path)

@@ -46,6 +46,7 @@ def test_unknown_key_and_broken_toml_are_reported(tmp_path: Path):
 
 
 # One value per layer for every setting (file, environment, flag), each valid for it.
+HERE = Path(__file__).parent
 LAYER_VALUES: dict[str, tuple[object, str, object]] = {
     "host": ("10.0.0.1", "10.0.0.2", "10.0.0.3"),
     "port": (9001, "9002", 9003),
@@ -70,6 +71,8 @@ LAYER_VALUES: dict[str, tuple[object, str, object]] = {
     "speculate": ("off", "lookup", "draft"),
     "draft_model": ("d1", "d2", "d3"),
     "lora": (["/dev/null:0.5"], "/dev/null, /dev/null:2", ("/dev/null",)),  # files that exist
+    "mmproj": (__file__, str(HERE / "__init__.py"), str(HERE / "test_cli.py")),  # files
+    "fetch_image_urls": (True, "false", True),
     "log_level": ("info", "debug", "error"),
     "allowed_hosts": (["a.test"], "b.test, c.test", ("d.test",)),
     "allowed_origins": (["https://a.test"], "https://b.test", ("*",)),

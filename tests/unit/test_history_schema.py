@@ -49,3 +49,28 @@ def test_a_newer_schema_is_refused_with_the_numbers(tmp_path: Path):
     message = err.value.message
     assert str(path) in message and str(SCHEMA_VERSION + 5) in message
     assert f"up to version {SCHEMA_VERSION}" in message
+
+
+def test_a_version_1_database_gains_attachments_and_keeps_its_rows(tmp_path: Path):
+    from localllm.history import Attachment
+
+    path = tmp_path / "v1.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(SCHEMA)
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO conversations(title, created, updated) VALUES ('Old chat', 1, 1)")
+    db.execute("INSERT INTO messages(conversation_id, role, content, created) "
+               "VALUES (1, 'user', 'hello', 1)")
+    db.commit()
+    db.close()
+    history = History(path)
+    assert history.schema_version == 2
+    (conv,) = history.conversations()
+    picture = Attachment("cat.png", "image", b"\x89PNG...")
+    history.add(conv.id, "user", "what is this?", attachments=[picture])
+    stored = history.messages(conv.id)
+    assert [(m.content, m.attachments) for m in stored] == [
+        ("hello", ()), ("what is this?", (picture,))]
+    history.delete(conv.id)  # the attachments go with their messages
+    assert history._db.execute("SELECT COUNT(*) FROM attachments").fetchone()[0] == 0
+    history.close()

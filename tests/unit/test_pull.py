@@ -16,6 +16,7 @@ from localllm.cli import main
 from localllm.config import load_settings
 from localllm.models import hub as hubmod
 from tests.conftest import starts_process
+from tests.gguf_fixtures import tiny_projector
 from tests.hubserver import HubServer, wait_for
 
 GGUF_REPO = "test-org/tiny-GGUF"
@@ -303,3 +304,36 @@ def test_search_offline_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
         hubmod.search("tiny")
     message = err.value.message
     assert "cannot reach" in message and "no network?" in message and "\n" not in message
+
+
+def test_a_vision_repository_pulls_its_projector_with_the_model(
+    hub: HubServer, starter_ref: ModelRef, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proj = tiny_projector(tmp_path / "p.gguf")
+    hub.add("test-org/seer-GGUF", {
+        "seer-Q4_1.gguf": starter_ref.path,
+        "mmproj-seer-Q8_0.gguf": proj,
+        "mmproj-seer-f16.gguf": proj,
+    })
+    # the projectors are not models to choose among: one model, pulled with its projector
+    assert main(["pull", "test-org/seer-GGUF"]) == 0
+    folder = models_dir() / "seer-Q4_1"
+    assert sorted(p.name for p in folder.glob("*.gguf")) == [
+        "mmproj-seer-f16.gguf", "seer-Q4_1.gguf"]
+    assert filecmp.cmp(folder / "mmproj-seer-f16.gguf", proj, shallow=False)
+    capsys.readouterr()
+    assert main(["list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert "seer-Q4_1" in listed and not any("mmproj" in name for name in listed)
+    assert main(["info", "seer-Q4_1"]) == 0
+    assert "vision" in capsys.readouterr().out
+
+
+def test_the_projector_chosen_is_the_full_precision_one() -> None:
+    names = ["m-Q4_K_M.gguf", "mmproj-m-Q8_0.gguf", "mmproj-m-BF16.gguf", "mmproj-m-F16.gguf"]
+    files = [hubmod.RemoteFile(n, 1, None, None) for n in names]
+    kind, chosen = hubmod.choose("o/r", files, "")
+    assert kind == "gguf"
+    assert [f.path for f in chosen] == ["m-Q4_K_M.gguf", "mmproj-m-F16.gguf"]
+    _kind, chosen = hubmod.choose("o/r", files[:2], "Q4_K_M")
+    assert [f.path for f in chosen] == ["m-Q4_K_M.gguf", "mmproj-m-Q8_0.gguf"]

@@ -27,6 +27,7 @@ from localllm.engine.request import Request as EngineRequest
 from localllm.server.anthropic.schemas import CountBody, MessagesBody
 from localllm.server.errors import stream_error
 from localllm.server.framing import paced, sse_event, streaming
+from localllm.server.media import prefetch
 from localllm.server.serving import collect, engine_of, interval, settings_of, start, who
 
 router = APIRouter()
@@ -75,7 +76,7 @@ def _thinking(text: str) -> dict[str, Any]:
 async def messages(body: MessagesBody, request: Request) -> JSONResponse | StreamingResponse:
     req = EngineRequest(
         body.sampling(),
-        messages=body.engine_messages(),
+        messages=body.engine_messages(await prefetch(request, body.image_urls())),
         model=body.model,
         context_policy=settings_of(request).context_policy,
         tools=body.tool_spec(),
@@ -189,7 +190,7 @@ async def count_tokens(body: CountBody, request: Request) -> JSONResponse:
     engine = engine_of(request)
     req = EngineRequest(
         SamplingParams(),
-        messages=body.engine_messages(),
+        messages=body.engine_messages(await prefetch(request, body.image_urls())),
         model=body.model,
         tools=body.tool_spec(),
         template_vars=body.template_vars(),

@@ -8,10 +8,11 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from localllm.backends.base import Message, SamplingParams, ToolCall
+from localllm.backends.base import MEDIA_MARKER, Media, Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.engine import grammar
 from localllm.errors import InvalidRequest
+from localllm.server import media as smedia
 from localllm.server import tolerance, wire
 
 
@@ -48,12 +49,15 @@ class ToolResultBlock(wire.Wire):
     is_error: bool | None = None
     cache_control: CacheControl | None = None
 
-    def text(self) -> str:
+    def to_message(self, fetched: smedia.Fetched) -> Message:
+        """The result as a tool message (its images placed where they are in it)."""
+        items: list[Media] = []
         if isinstance(self.content, str):
             body = self.content
         else:
-            body = "".join(_text_of(b) for b in self.content)
-        return f"Error: {body}" if self.is_error else body
+            body = "".join(_text_of(b, items, fetched) for b in self.content)
+        body = f"Error: {body}" if self.is_error else body
+        return Message("tool", body, tool_call_id=self.tool_use_id, media=tuple(items))
 
 
 class ThinkingBlock(wire.Wire):
@@ -75,14 +79,31 @@ Block = (
 )
 
 
-def _text_of(block: Block) -> str:
+def _text_of(block: Block, items: list[Media], fetched: smedia.Fetched) -> str:
+    """A block's text; an image block adds its image to `items` and gives its marker."""
     if isinstance(block, ImageBlock):
-        raise InvalidRequest(
-            "This model has no vision support: it cannot read image or document blocks.",
-            param="messages",
-            code="vision_not_supported",
-        )
-    return block.text if isinstance(block, TextBlock) else ""  # thinking: not rendered
+        if block.type == "document":
+            raise InvalidRequest(
+                "document blocks (PDF and plain-text documents) are not read by localllm: "
+                "send the text as a text block, or pages as images",
+                param="messages",
+                code="unsupported_media",
+            )
+        items.append(smedia.image_source(block.source, param="messages", fetched=fetched))
+        return MEDIA_MARKER
+    if isinstance(block, TextBlock):
+        return smedia.check_text(block.text, param="messages")
+    return ""  # thinking: not rendered
+
+
+def _image_urls(blocks: list[Any]) -> list[str]:
+    out = []
+    for b in blocks:
+        if isinstance(b, ImageBlock) and b.source.get("type") == "url":
+            out.append(str(b.source.get("url")))
+        elif isinstance(b, ToolResultBlock) and isinstance(b.content, list):
+            out += _image_urls(b.content)
+    return out
 
 
 class AnthropicMessage(wire.Wire):
@@ -92,24 +113,28 @@ class AnthropicMessage(wire.Wire):
     role: Literal["user", "assistant", "system"]
     content: wire.Text | list[Block]
 
-    def to_messages(self) -> list[Message]:
+    def to_messages(self, fetched: smedia.Fetched) -> list[Message]:
         if isinstance(self.content, str):
-            return [Message(self.role, self.content)]
+            return [Message(self.role, smedia.check_text(self.content, param="messages"))]
+        items: list[Media] = []
         if self.role == "system":
-            return [Message("system", "".join(_text_of(b) for b in self.content))]
+            text = "".join(_text_of(b, items, fetched) for b in self.content)
+            return [Message("system", text, media=tuple(items))]
         out: list[Message] = []
-        text: list[str] = []
+        parts: list[str] = []
         calls: list[ToolCall] = []
         for block in self.content:
             if isinstance(block, ToolResultBlock):
-                out.append(Message("tool", block.text(), tool_call_id=block.tool_use_id))
+                out.append(block.to_message(fetched))
             elif isinstance(block, ToolUseBlock):
                 arguments = json.dumps(block.input, ensure_ascii=False)
                 calls.append(ToolCall(block.id, block.name, arguments))
             else:
-                text.append(_text_of(block))
-        if text or calls or not out:
-            out.append(Message(self.role, "".join(text), tool_calls=tuple(calls)))
+                parts.append(_text_of(block, items, fetched))
+        if parts or calls or not out:
+            out.append(
+                Message(self.role, "".join(parts), tool_calls=tuple(calls), media=tuple(items))
+            )
         return out
 
 
@@ -175,14 +200,20 @@ class _Prompt(wire.Wire):
             out["reasoning_effort"] = self.output_config.effort
         return out or None
 
-    def engine_messages(self) -> list[Message]:
+    def image_urls(self) -> list[str]:
+        """The http(s) image URLs in the messages, to fetch first (server/media.py)."""
+        return [
+            u for m in self.messages if isinstance(m.content, list) for u in _image_urls(m.content)
+        ]
+
+    def engine_messages(self, fetched: smedia.Fetched | None = None) -> list[Message]:
         out: list[Message] = []
         if self.system:
             system = self.system
             text = system if isinstance(system, str) else "".join(b.text for b in system)
-            out.append(Message("system", text))
+            out.append(Message("system", smedia.check_text(text, param="system")))
         for m in self.messages:
-            out += m.to_messages()
+            out += m.to_messages(fetched or {})
         return out
 
     def tool_spec(self) -> ToolSpec | None:

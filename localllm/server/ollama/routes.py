@@ -35,8 +35,10 @@ from localllm.engine.client import EngineClient
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
+from localllm.models import projector
 from localllm.models.gguf import ModelMeta
 from localllm.models.sampling import recommended
+from localllm.server import media as smedia
 from localllm.server.errors import stream_error
 from localllm.server.framing import ndjson, paced, streaming
 from localllm.server.model_facts import capabilities, damage_of, meta_of
@@ -330,7 +332,7 @@ async def show(body: NameBody, request: Request) -> JSONResponse:
             "template": meta.chat_template or CHATML,
             "details": details(meta, ref.format),
             "model_info": info,
-            "capabilities": capabilities(meta, ref.format),
+            "capabilities": capabilities(meta, ref.format, projector.kinds(ref.path)),
             "modified_at": _modified(ref),
         }
     )
@@ -395,22 +397,24 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
 
 @router.post("/api/generate", response_model=None)
 async def generate(body: GenerateBody, request: Request) -> JSONResponse | StreamingResponse:
-    if body.images:
-        raise InvalidRequest(
-            "This model has no vision support: it cannot read images.",
-            param="images",
-            code="vision_not_supported",
-        )
-    if not body.prompt and body.suffix is None:
+    if not body.prompt and body.suffix is None and not body.images:
         return await _load_only(request, body, chat=False)
     fields = body.engine_fields(request)
     if body.raw or body.suffix is not None:
         if body.system:
             raise InvalidRequest("system is not used with raw or suffix", param="system")
+        if body.images:
+            raise InvalidRequest(
+                "images are placed by the model's chat template, which raw and suffix "
+                "prompts do not use: send them without raw",
+                param="images",
+            )
         req = EngineRequest(body.sampling(), prompt=body.prompt, suffix=body.suffix, **fields)
     else:
         turns = [Message("system", body.system)] if body.system else []
-        turns.append(Message("user", body.prompt))
+        items = smedia.base64_media(body.images or (), param="images")
+        text = smedia.with_markers(smedia.check_text(body.prompt, param="prompt"), items)
+        turns.append(Message("user", text, media=items))
         req = EngineRequest(body.sampling(), messages=turns, **fields)
     return await _answer(request, req, body.stream, chat=False)
 

@@ -13,6 +13,7 @@ from localllm.backends.base import Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec, new_call_id
 from localllm.engine import grammar
 from localllm.errors import InvalidRequest
+from localllm.server import media as smedia
 from localllm.server import tolerance, wire
 from localllm.server.serving import who
 
@@ -74,12 +75,8 @@ class OllamaMessage(wire.Wire):
     thinking: wire.Text | None = None  # a thinking model's reasoning, sent back: not rendered
 
     def to_message(self) -> Message:
-        if self.images:
-            raise InvalidRequest(
-                "This model has no vision support: it cannot read images.",
-                param="images",
-                code="vision_not_supported",
-            )
+        items = smedia.base64_media(self.images or (), param="images")
+        text = smedia.with_markers(smedia.check_text(self.content, param="content"), items)
         calls = tuple(
             ToolCall(
                 c.id or new_call_id(),
@@ -89,7 +86,7 @@ class OllamaMessage(wire.Wire):
             for c in self.tool_calls or ()
         )
         name = self.tool_name if self.role == "tool" else None
-        return Message(self.role, self.content, tool_calls=calls, name=name)
+        return Message(self.role, text, tool_calls=calls, name=name, media=items)
 
 
 class _Common(wire.Wire):

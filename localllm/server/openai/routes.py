@@ -12,8 +12,10 @@ from localllm.engine.client import EngineClient
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
 from localllm.engine.request import Started
+from localllm.models import projector
 from localllm.server.errors import stream_error
 from localllm.server.framing import SSE_DONE, paced, sse, streaming
+from localllm.server.media import prefetch
 from localllm.server.model_facts import capabilities, damage_of, meta_of
 from localllm.server.openai import shapes
 from localllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -65,7 +67,8 @@ async def _respond(
 async def chat_completions(
     body: ChatCompletionRequest, request: Request
 ) -> JSONResponse | StreamingResponse:
-    messages = [m.to_message() for m in body.messages]
+    fetched = await prefetch(request, [u for m in body.messages for u in m.image_urls()])
+    messages = [m.to_message(fetched) for m in body.messages]
     policy = request.app.state.settings.context_policy
     req = EngineRequest(
         body.sampling(),
@@ -153,7 +156,7 @@ def _model_rows(engine: EngineClient) -> dict[str, Any]:
         now = loaded.get(ref.name)
         row["context_length"] = meta.n_ctx_train
         row["loaded_context_length"] = now["n_ctx"] if now else None
-        row["capabilities"] = capabilities(meta, ref.format)
+        row["capabilities"] = capabilities(meta, ref.format, projector.kinds(ref.path))
         rows.append(row)
     for name, now in loaded.items():  # a model loaded by path is listed too
         if name not in seen:

@@ -7,10 +7,11 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from localllm.backends.base import Message, SamplingParams, ToolCall
+from localllm.backends.base import MEDIA_MARKER, Media, Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.engine import grammar
 from localllm.errors import InvalidRequest
+from localllm.server import media as smedia
 from localllm.server import samplers, tolerance
 from localllm.server.wire import (
     FUNCTION_NAME,
@@ -33,9 +34,26 @@ class TextPart(Wire):
     text: Text
 
 
+class ImageUrl(Wire):
+    url: str
+    # OpenAI's resolution hint: a local model's projector sizes the image itself
+    # (llama-server reads it the same way); accepted so clients that send it work
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ImagePart(Wire):
     type: Literal["image_url"]
-    image_url: dict[str, Any]
+    image_url: ImageUrl
+
+
+class InputAudio(Wire):
+    data: str
+    format: Literal["wav", "mp3", "flac"]
+
+
+class AudioPart(Wire):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
 
 
 class FunctionCall(Wire):
@@ -51,29 +69,48 @@ class ToolCallIn(Wire):
 
 class ChatMessage(Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Text | list[TextPart | ImagePart] | None = None
+    content: Text | list[TextPart | ImagePart | AudioPart] | None = None
     name: Text | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: Text | None = None
 
-    def to_message(self) -> Message:
+    def image_urls(self) -> list[str]:
+        parts = self.content if isinstance(self.content, list) else []
+        return [p.image_url.url for p in parts if isinstance(p, ImagePart)]
+
+    def to_message(self, fetched: smedia.Fetched | None = None) -> Message:
+        items: list[Media] = []
         if isinstance(self.content, list):
-            if any(isinstance(part, ImagePart) for part in self.content):
-                raise InvalidRequest(
-                    "This model has no vision support: it cannot read image_url parts. "
-                    "Send text, or load a model that reads images.",
-                    param="messages",
-                    code="vision_not_supported",
-                )
-            text = "".join(part.text for part in self.content if isinstance(part, TextPart))
+            pieces = []
+            for part in self.content:
+                if isinstance(part, TextPart):
+                    pieces.append(smedia.check_text(part.text, param="messages"))
+                    continue
+                if isinstance(part, ImagePart):
+                    url = part.image_url.url
+                    items.append(
+                        smedia.image_from_url(url, param="image_url", fetched=fetched or {})
+                    )
+                else:
+                    audio = part.input_audio
+                    items.append(smedia.audio_part(audio.data, audio.format, param="input_audio"))
+                pieces.append(MEDIA_MARKER)
+            text = "".join(pieces)
         else:
-            text = self.content or ""
+            text = smedia.check_text(self.content or "", param="messages")
         role = "system" if self.role == "developer" else self.role
         calls = tuple(
             ToolCall(c.id, c.function.name, c.function.arguments) for c in self.tool_calls or ()
         )
         name = self.name if role == "tool" else None
-        return Message(role, text, tool_calls=calls, tool_call_id=self.tool_call_id, name=name)
+        return Message(
+            role,
+            text,
+            tool_calls=calls,
+            tool_call_id=self.tool_call_id,
+            name=name,
+            media=tuple(items),
+        )
 
 
 class NamedFunction(Wire):

@@ -26,6 +26,7 @@ from localllm.engine.request import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError
 from localllm.server.errors import stream_error
 from localllm.server.framing import paced, sse_event, streaming
+from localllm.server.media import prefetch
 from localllm.server.responses.output import Answer, item_id
 from localllm.server.responses.schemas import (
     CreateBody,
@@ -33,6 +34,7 @@ from localllm.server.responses.schemas import (
     NamedChoice,
     ResponsesBody,
     dumped,
+    image_urls,
     messages_of,
 )
 from localllm.server.responses.store import ResponseStore
@@ -83,11 +85,11 @@ async def _conversation(request: Request, body: ResponsesBody) -> tuple[list[Ite
     return earlier, body.items()
 
 
-def _engine_request(
+async def _engine_request(
     request: Request, body: ResponsesBody, params: SamplingParams, items: list[Item]
 ) -> EngineRequest:
     body.check_include()
-    messages = messages_of(items)
+    messages = messages_of(items, await prefetch(request, image_urls(items)))
     if body.instructions:
         messages.insert(0, Message("system", body.instructions))
     if not messages:
@@ -134,7 +136,7 @@ def _echo(body: CreateBody, spec_tools: list[dict[str, Any]]) -> dict[str, Any]:
 @router.post("/v1/responses", response_model=None)
 async def create(body: CreateBody, request: Request) -> JSONResponse | StreamingResponse:
     earlier, items = await _conversation(request, body)
-    req = _engine_request(request, body, body.sampling(), earlier + items)
+    req = await _engine_request(request, body, body.sampling(), earlier + items)
     offered = [
         {"type": "function", **f, "strict": f.get("strict", False)}
         for f in (req.tools.functions() if req.tools else [])
@@ -192,7 +194,7 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
 @router.post("/v1/responses/input_tokens")
 async def input_tokens(body: ResponsesBody, request: Request) -> JSONResponse:
     earlier, items = await _conversation(request, body)
-    req = _engine_request(request, body, SamplingParams(), earlier + items)
+    req = await _engine_request(request, body, SamplingParams(), earlier + items)
     tokens = await asyncio.to_thread(engine_of(request).prompt_tokens, req)
     return JSONResponse({"object": "response.input_tokens", "input_tokens": len(tokens)})
 

@@ -20,10 +20,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, field_validator
 
-from localllm.backends.base import Message, SamplingParams, ToolCall
+from localllm.backends.base import MEDIA_MARKER, Media, Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.engine import grammar
 from localllm.errors import InvalidRequest
+from localllm.server import media as smedia
 from localllm.server import tolerance, wire
 
 # hosted tools: run by OpenAI's servers, none of them here
@@ -51,17 +52,21 @@ class Part(wire.Wire):
     file_id: str | None = None
     detail: str | None = None
 
-    def plain(self) -> str:
+    def plain(self, items: list[Media], fetched: smedia.Fetched) -> str:
+        """The part's text; an image adds itself to `items` and gives its marker."""
+        if self.type == "input_image" and self.image_url:
+            items.append(smedia.image_from_url(self.image_url, param="input", fetched=fetched))
+            return MEDIA_MARKER
         if self.type in ("input_image", "input_file"):
             raise InvalidRequest(
-                f"This model cannot read {self.type} parts; send text, or load a model "
-                "that reads images.",
+                f"{self.type} parts by file_id, and files, are not read by localllm (it "
+                "keeps no uploaded files): send an image as an image_url data URL",
                 param="input",
-                code="vision_not_supported",
+                code="unsupported_media",
             )
         if self.type == "refusal":
             return self.refusal or ""
-        return self.text
+        return smedia.check_text(self.text, param="input")
 
 
 class MessageItem(wire.Wire):
@@ -72,12 +77,13 @@ class MessageItem(wire.Wire):
     status: str | None = None
     phase: str | None = None  # Codex's commentary/final_answer mark on an assistant turn
 
-    def message(self) -> Message:
+    def message(self, fetched: smedia.Fetched) -> Message:
         text = self.content if isinstance(self.content, str) else ""
+        items: list[Media] = []
         if isinstance(self.content, list):
-            text = "".join(p.plain() for p in self.content)
+            text = "".join(p.plain(items, fetched) for p in self.content)
         role = "system" if self.role == "developer" else self.role
-        return Message(role, text)
+        return Message(role, text, media=tuple(items))
 
 
 class FunctionCallItem(wire.Wire):
@@ -98,10 +104,13 @@ class _Output(wire.Wire):
     id: str | None = None
     status: str | None = None
 
-    def text(self) -> str:
+    def message(self, name: str | None, fetched: smedia.Fetched) -> Message:
+        items: list[Media] = []
         if isinstance(self.output, str):
-            return self.output
-        return "".join(p.plain() for p in self.output)
+            text = self.output
+        else:
+            text = "".join(p.plain(items, fetched) for p in self.output)
+        return Message("tool", text, tool_call_id=self.call_id, name=name, media=tuple(items))
 
 
 class FunctionOutputItem(_Output):
@@ -205,14 +214,24 @@ def _call_of(item: FunctionCallItem | CustomCallItem | LocalShellCallItem) -> To
     return ToolCall(item.call_id, "local_shell", json.dumps(item.action))
 
 
-def messages_of(items: list[Item]) -> list[Message]:
+def image_urls(items: list[Item]) -> list[str]:
+    """The input's image URLs (the http(s) ones are fetched first: server/media.py)."""
+    out = []
+    for item in items:
+        parts = item.content if isinstance(item, MessageItem) else getattr(item, "output", "")
+        if isinstance(parts, list):
+            out += [p.image_url for p in parts if p.type == "input_image" and p.image_url]
+    return out
+
+
+def messages_of(items: list[Item], fetched: smedia.Fetched | None = None) -> list[Message]:
     """The engine's messages for a list of input items: consecutive calls become one
     assistant turn with several tool calls; their outputs become tool messages."""
     out: list[Message] = []
     names: dict[str, str] = {}
     for item in items:
         if isinstance(item, MessageItem):
-            out.append(item.message())
+            out.append(item.message(fetched or {}))
         elif isinstance(item, FunctionCallItem | CustomCallItem | LocalShellCallItem):
             call = _call_of(item)
             names[item.call_id] = call.name
@@ -223,7 +242,7 @@ def messages_of(items: list[Item]) -> list[Message]:
                 out.append(Message("assistant", "", tool_calls=(call,)))
         elif isinstance(item, _Output):
             name = names.get(item.call_id)
-            out.append(Message("tool", item.text(), tool_call_id=item.call_id, name=name))
+            out.append(item.message(name, fetched or {}))
     return out
 
 

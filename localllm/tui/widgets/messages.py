@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from textual.app import ComposeResult
@@ -11,6 +12,8 @@ from textual.widgets import Collapsible, Markdown, Static
 
 from localllm.agent.session import call_line
 from localllm.backends import reasoning
+from localllm.history import Attachment
+from localllm.tui import pictures
 from localllm.tui.live import LiveText, open_block, shown_text
 
 
@@ -85,12 +88,14 @@ class ChatMessage(Vertical):
         stats: dict[str, Any] | None = None,
         in_context: bool = True,
         message_id: int | None = None,
+        attachments: Sequence[Attachment] = (),
     ) -> None:
         classes = f"message {role}" + ("" if in_context else " dropped")
         super().__init__(classes=classes)
         self.role = role
         self.content = content
         self.message_id = message_id
+        self.attachments = tuple(attachments)
         self._stats = stats
         self._in_context = in_context
         self._thought = ""  # an answer's reasoning, when the model thinks
@@ -120,6 +125,8 @@ class ChatMessage(Vertical):
             )
             return
         yield Static(label, classes="role")
+        for item in self.attachments:
+            yield from pictures.shown(item, inline=getattr(self.app, "inline_images", False))
         thought, answer = "", self.content
         if self.role == "assistant" and reasoning.OPEN in self.content:
             thought, answer = reasoning.split(self.content)

@@ -1,0 +1,178 @@
+"""Images through every API, on the starter with a tiny random-weight projector beside it
+in the store (tests/gguf_fixtures.py): OpenAI image_url parts, Ollama's images, Anthropic
+image blocks and the Responses API's input_image, counted in the usage, reused from the
+prompt cache by the picture's hash, shown as a capability; and the bad input (no
+projector, not an image, too many pixels, URLs while offline, audio to a projector that
+reads none) refused by name."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.conftest import ServerProcess, starts_process
+from tests.gguf_fixtures import noise_png, vision_folder
+
+PNG = base64.b64encode(noise_png(seed=0)).decode()
+OTHER = base64.b64encode(noise_png(seed=1)).decode()
+
+
+@pytest.fixture(scope="module")
+@starts_process
+def seer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("vision-server")
+    vision_folder(tmp / "data" / "models")
+    srv = ServerProcess(tmp, "--model", "seer")
+    yield srv
+    srv.stop()
+
+
+def _ask(srv: ServerProcess, image: str | None, **extra: Any) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = [{"type": "text", "text": "What is in this picture?"}]
+    if image is not None:
+        parts.append({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}})
+    body = {"model": "seer", "messages": [{"role": "user", "content": parts}],
+            "temperature": 0, "max_tokens": 4, **extra}
+    r = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_an_image_is_read_counted_and_reused_from_the_prompt_cache(seer: ServerProcess):
+    plain = _ask(seer, None)["usage"]["prompt_tokens"]
+    first = _ask(seer, PNG, logprobs=True)
+    usage = first["usage"]
+    assert usage["prompt_tokens"] == plain + 16  # the projector's 16 tokens per picture
+    again = _ask(seer, PNG, logprobs=True)
+    # all but the last token from the cache: the picture's KV was kept by its hash
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == usage["prompt_tokens"] - 1
+    assert again["choices"][0]["message"] == first["choices"][0]["message"]
+    other = _ask(seer, OTHER, logprobs=True)
+    assert other["usage"]["prompt_tokens"] == usage["prompt_tokens"]
+    # another picture: the cache gives back only the text before it
+    assert other["usage"]["prompt_tokens_details"]["cached_tokens"] < plain
+    first_lp = first["choices"][0]["logprobs"]["content"][0]["logprob"]
+    other_lp = other["choices"][0]["logprobs"]["content"][0]["logprob"]
+    assert first_lp != other_lp  # the picture reached the model
+
+
+def test_the_official_clients_send_images_through_each_api(seer: ServerProcess):
+    client = openai.OpenAI(base_url=seer.base + "/v1", api_key="none")
+    out = client.chat.completions.create(
+        model="seer", max_tokens=3, temperature=0,
+        messages=[{"role": "user", "content": [
+            {"type": "text", "text": "Describe it."},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}",
+                                                "detail": "low"}}]}])
+    assert out.usage is not None and out.usage.prompt_tokens > 16
+    claude = anthropic.Anthropic(base_url=seer.base, api_key="none")
+    msg = claude.messages.create(
+        model="seer", max_tokens=3,
+        messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": PNG}},
+            {"type": "text", "text": "Describe it."}]}])
+    assert msg.usage.input_tokens > 16
+    r = httpx.post(seer.base + "/api/chat", json={
+        "model": "seer", "stream": False, "options": {"num_predict": 3},
+        "messages": [{"role": "user", "content": "Describe it.", "images": [PNG]}]},
+        timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] > 16
+    r = httpx.post(seer.base + "/api/generate", json={
+        "model": "seer", "stream": False, "prompt": "Describe it.", "images": [PNG],
+        "options": {"num_predict": 3}}, timeout=120)
+    assert r.status_code == 200 and r.json()["prompt_eval_count"] > 16, r.text
+    r = httpx.post(seer.base + "/v1/responses", json={
+        "model": "seer", "max_output_tokens": 3,
+        "input": [{"role": "user", "content": [
+            {"type": "input_text", "text": "Describe it."},
+            {"type": "input_image", "image_url": f"data:image/png;base64,{PNG}"}]}]},
+        timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] > 16
+
+
+def test_the_lists_say_vision(seer: ServerProcess):
+    r = httpx.post(seer.base + "/api/show", json={"model": "seer"}, timeout=30)
+    assert "vision" in r.json()["capabilities"]
+    r = httpx.post(seer.base + "/api/show", json={"model": "starter"}, timeout=30)
+    assert "vision" not in r.json()["capabilities"]
+    rows = {m["id"]: m for m in httpx.get(seer.base + "/v1/models", timeout=30).json()["data"]}
+    assert "vision" in rows["seer"]["capabilities"]
+    assert "vision" not in rows["starter"]["capabilities"]
+
+
+def _huge_png(width: int, height: int) -> bytes:
+    """A PNG whose header claims width x height (its pixel data is never read)."""
+    head = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    chunk = b"IHDR" + head
+    ihdr = struct.pack(">I", len(head)) + chunk + struct.pack(">I", zlib.crc32(chunk))
+    return b"\x89PNG\r\n\x1a\n" + ihdr + noise_png()[33:]
+
+
+def test_bad_images_are_refused_by_name(seer: ServerProcess):
+    def refused(model: str, part: dict[str, Any]) -> dict[str, Any]:
+        body = {"model": model, "max_tokens": 2,
+                "messages": [{"role": "user", "content": [{"type": "text", "text": "x"}, part]}]}
+        r = httpx.post(seer.base + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 400, r.text
+        return dict(r.json()["error"])
+
+    def url(data: bytes, mime: str = "image/png") -> dict[str, Any]:
+        encoded = base64.b64encode(data).decode()
+        return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{encoded}"}}
+
+    err = refused("starter", url(noise_png()))
+    assert err["code"] == "vision_not_supported" and "--mmproj" in err["message"]
+    err = refused("seer", url(b"plain text, not a picture"))
+    assert err["code"] == "unsupported_media" and "not an image" in err["message"]
+    err = refused("seer", url(_huge_png(9000, 9000)))
+    assert err["code"] == "media_too_large" and "9000x9000" in err["message"]
+    assert "40,000,000" in err["message"]
+    err = refused("seer", {"type": "image_url", "image_url": {"url": "http://example.invalid/a.png"}})
+    assert err["code"] == "image_url_not_allowed" and "fetch_image_urls" in err["message"]
+    err = refused("seer", {"type": "image_url", "image_url": {"url": "data:image/png,abc"}})
+    assert "data URL" in err["message"]
+    wav = b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(28)
+    audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(),
+                                                    "format": "wav"}}
+    err = refused("seer", audio)
+    assert err["code"] == "audio_not_supported"
+    bad = {"type": "input_audio", "input_audio": {"data": PNG, "format": "wav"}}
+    assert refused("seer", bad)["code"] == "unsupported_media"
+    r = httpx.post(seer.base + "/api/generate", json={
+        "model": "seer", "prompt": "x", "raw": True, "images": [PNG], "stream": False},
+        timeout=60)
+    assert r.status_code == 400 and "raw" in r.json()["error"]
+    # the server still answers afterwards
+    assert _ask(seer, PNG)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@starts_process
+def test_images_reach_a_remote_engine_as_they_came(seer: ServerProcess, tmp_path: Path):
+    """localllm in front of another engine (here the vision server) sends the picture on
+    as an image_url part: the remote reads it (its 16 tokens counted there)."""
+    remotes = [{"name": "eyes", "url": seer.base + "/v1", "models": ["seer"]}]
+    front = ServerProcess(tmp_path, env={"LOCALLLM_REMOTES": json.dumps(remotes)})
+    try:
+        direct = _ask(seer, PNG)["usage"]["prompt_tokens"]
+        body = {"model": "eyes/seer", "max_tokens": 2, "temperature": 0, "messages": [
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is in this picture?"},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}}]}]}
+        r = httpx.post(front.base + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == direct
+    finally:
+        front.stop()
