@@ -267,3 +267,57 @@ def vision_folder(root: Path, name: str = "seer") -> Path:
     (folder / "SmolLM2-135M-Instruct.Q4_1.gguf").symlink_to(starter)
     tiny_projector(folder / "mmproj-seer-f16.gguf")
     return folder
+
+
+def tiny_llava_mlx(dst: Path, tokenizer_from: Path, seed: int = 0) -> Path:
+    """An MLX LLaVA folder of random weights, as mlx-vlm loads it: a two-layer Llama text
+    model on the starter's tokenizer (plus an `<image>` token), a two-layer CLIP vision
+    tower on 32x32 images in 8x8 patches (16 image tokens), and LLaVA's projector; the
+    processor files transformers reads (LlavaProcessor, CLIPImageProcessor). Its answers
+    are noise; mlx-vlm loads and runs it as it would a real LLaVA."""
+    import json
+
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.models.llava import Model, ModelConfig
+    from mlx_vlm.models.llava.config import TextConfig, VisionConfig
+    from tokenizers import AddedToken, Tokenizer
+
+    dst.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer.from_file(str(tokenizer_from / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("<image>", special=True, normalized=False)])
+    image_id = tok.token_to_id("<image>")
+    assert image_id is not None
+    tok.save(str(dst / "tokenizer.json"))
+    tc = json.loads((tokenizer_from / "tokenizer_config.json").read_text())
+    tc.setdefault("added_tokens_decoder", {})[str(image_id)] = {
+        "content": "<image>", "lstrip": False, "normalized": False, "rstrip": False,
+        "single_word": False, "special": True}
+    tc["processor_class"] = "LlavaProcessor"
+    (dst / "tokenizer_config.json").write_text(json.dumps(tc))
+    text = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": image_id + 1, "rms_norm_eps": 1e-5, "max_position_embeddings": 2048,
+            "tie_word_embeddings": False}
+    vision = {"model_type": "clip_vision_model", "hidden_size": 32, "num_hidden_layers": 2,
+              "intermediate_size": 64, "num_attention_heads": 2, "image_size": 32,
+              "patch_size": 8, "projection_dim": 32}
+    config = {"model_type": "llava", "image_token_index": image_id, "vocab_size": image_id + 1,
+              "vision_feature_select_strategy": "default", "vision_feature_layer": -2,
+              "eos_token_id": [2], "text_config": text, "vision_config": vision}
+    (dst / "config.json").write_text(json.dumps(config))
+    (dst / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 32},
+        "crop_size": {"height": 32, "width": 32}, "do_resize": True, "do_center_crop": True,
+        "do_normalize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+        "do_convert_rgb": True, "resample": 3, "image_mean": [0.5] * 3, "image_std": [0.5] * 3}))
+    (dst / "processor_config.json").write_text(json.dumps({
+        "processor_class": "LlavaProcessor", "patch_size": 8, "image_token": "<image>",
+        "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1}))
+    mx.random.seed(seed)
+    mc = ModelConfig.from_dict(config)
+    mc.text_config = TextConfig.from_dict(text)
+    mc.vision_config = VisionConfig.from_dict(vision)
+    weights = dict(tree_flatten(Model(mc).parameters()))
+    mx.save_safetensors(str(dst / "model.safetensors"), weights)
+    return dst

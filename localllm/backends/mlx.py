@@ -14,6 +14,8 @@ float16 arithmetic on the CPU is many times slower); on Metal it stays as stored
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import importlib.util
 import itertools
 import json
@@ -50,6 +52,7 @@ from localllm.backends.common import (
     reusable_prefix,
     vocab_fingerprint,
 )
+from localllm.backends.media import no_media
 from localllm.backends.mlx_lora import MlxLoras
 from localllm.backends.mlx_meta import (
     EOG_NAMES,
@@ -58,6 +61,7 @@ from localllm.backends.mlx_meta import (
     read_json,
     token_text,
 )
+from localllm.backends.mlx_vision import MlxVision, is_vision_dir
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import apple_silicon
 from localllm.provenance import imported_quant, read_provenance
@@ -110,9 +114,18 @@ class MlxModel:
         folder = Path(ref.path)
         report = options.progress or (lambda _f: None)
         report(0.05)
+        self._vision: MlxVision | None = None
+        model: Any
         try:
-            model, config = load_model(folder)
+            if is_vision_dir(folder):  # a vision-language model: mlx-vlm's
+                self._vision = MlxVision(folder)
+                model, config = self._vision.language, read_json(folder / "config.json")
+                config = {**config.get("text_config", {}), **config}
+            else:
+                model, config = load_model(folder)
             tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except ModelLoadError:
+            raise
         except Exception as exc:  # mlx-lm raises many kinds for a bad folder
             raise ModelLoadError(str(folder), f"mlx-lm could not load it ({exc})") from None
         self._loras = MlxLoras(model, options.loras)
@@ -120,13 +133,14 @@ class MlxModel:
         report(0.8)
         self._device = mlx_device()
         if self._device == "cpu":
-            model.update(
+            whole = self._vision.model if self._vision is not None else model
+            whole.update(
                 tree_map(
                     lambda a: a.astype(mx.float32) if a.dtype in (mx.float16, mx.bfloat16) else a,
-                    model.parameters(),
+                    whole.parameters(),
                 )
             )
-            mx.eval(model.parameters())
+            mx.eval(whole.parameters())
         self._model: Any = model
         self._tok = tokenizer
         self._make_cache = lambda: mlx_kv.make_caches(model, options.kv_type)
@@ -140,6 +154,8 @@ class MlxModel:
         self._pieces = self._piece_table(folder)
         self.info = self._describe(ref, folder, config, options)
         self.info.extra["kv_type"] = options.kv_type if options.kv_type in mlx_kv.KV_BITS else "f16"
+        if self._vision is not None:
+            self.info = dataclasses.replace(self.info, media=frozenset({"image"}))
         report(1.0)
 
     # -- metadata ------------------------------------------------------------------
@@ -237,7 +253,7 @@ class MlxModel:
         """Text for tokens, control tokens included: the inverse of tokenize(special=True)."""
         added = self._tok.get_added_tokens_decoder()
         data = b"".join(
-            added[t].content.encode("utf-8") if t in added else self._pieces[t] for t in tokens
+            added[t].content.encode("utf-8") if t in added else self.piece(t) for t in tokens
         )
         return data.decode("utf-8", "replace")
 
@@ -245,12 +261,23 @@ class MlxModel:
         self, messages: Sequence[Message], variables: Mapping[str, Any] | None = None
     ) -> list[int]:
         info = self.info
+        media = [m for msg in messages for m in msg.media]
+        vision = self._vision
+        if media and vision is None:
+            raise no_media(info, media[0].kind)
+
+        def tokenize(text: str) -> list[int]:
+            special = functools.partial(self.tokenize, special=True)
+            if media and vision is not None:
+                return vision.tokenize(text, media, special)
+            return special(text)
+
         return chat_tokens(
             info.chat_template,
             messages,
             bos_text=token_text(self._tok_config.get("bos_token")) or "",
             eos_text=token_text(self._tok_config.get("eos_token")) or "",
-            tokenize_special=lambda text: self.tokenize(text, special=True),
+            tokenize_special=tokenize,
             add_bos=info.add_bos,
             bos_id=info.bos_id,
             variables=variables,
@@ -329,9 +356,13 @@ class MlxModel:
         self._logits = {}
         try:
             for w in work:
-                out = self._model(mx.array(list(w.tokens))[None], cache=self._caches[w.seq])
+                n = len(w.tokens)
+                if self._vision is not None and w.tokens and min(w.tokens) < 0:
+                    out, n = self._vision.read(self._caches[w.seq], self._kvs[w.seq], w.tokens)
+                else:
+                    out = self._model(mx.array(list(w.tokens))[None], cache=self._caches[w.seq])
                 if w.logits:
-                    self._logits[w.seq] = out[:, len(w.tokens) - w.logits :, :]
+                    self._logits[w.seq] = out[:, n - w.logits :, :]
             mx.eval([*self._logits.values(), *[c.state for w in work for c in self._caches[w.seq]]])
         except Exception as exc:
             for w in work:
@@ -387,7 +418,7 @@ class MlxModel:
 
     def piece(self, token: int) -> bytes:
         pieces = self._pieces
-        return pieces[token] if token < len(pieces) else b""
+        return pieces[token] if 0 <= token < len(pieces) else b""  # < 0: a picture's stand-in
 
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
         return mlx_kv.dump(snapshot.payload)
@@ -425,7 +456,8 @@ class MlxModel:
                 frequency_penalty=params.frequency_penalty or None,
                 frequency_context_size=PENALTY_LAST_N,
             )
-        history = [mx.array(list(prompt[-PENALTY_LAST_N:]))]
+        # a picture's stand-ins (negative ids) are no tokens a penalty counts
+        history = [mx.array([t for t in prompt[-PENALTY_LAST_N:] if t >= 0])]
         if params.temperature <= 0:
             pick = None
         else:

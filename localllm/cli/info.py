@@ -97,6 +97,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         ("sampling", sampling_line(rec)),
     ]
     described = len(fields)  # what follows (imports, provenance, drafts) is text
+    mmproj = projector.beside(ref.path) if ref.format == "gguf" else None
+    if mmproj is not None:  # what reads its images
+        reads = " and ".join(sorted(projector.kinds(ref.path))) or "nothing it can use"
+        fields.append(("projector", f"{mmproj} (reads {reads})"))
     if ref.format == "gguf":
         imported = find_import(settings.models_dir, ref.path)
         fields.append(("MLX import", imported.name if imported else "none"))

@@ -1,11 +1,13 @@
 """A model's projector: the `mmproj` GGUF that lets a llama.cpp model read images (and
-audio, for some). Hub repositories ship it beside the model (`mmproj-model-f16.gguf`,
+audio, for some); for an MLX folder, its vision config (mlx-vlm reads it). Hub
+repositories ship the projector beside the model (`mmproj-model-f16.gguf`,
 `mmproj-F16.gguf`, ...); `localllm pull` fetches it into the model's folder; the store
 never lists it as a model of its own."""
 
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -65,6 +67,8 @@ def kinds(model: Path) -> frozenset[str]:
     """What the model reads beside text through the projector beside it ("image",
     "audio"), from the projector's header (read once per file version); empty when there
     is none or it is damaged."""
+    if model.is_dir():  # an MLX folder: a vision-language model reads images (mlx-vlm)
+        return frozenset({"image"}) if _vision_config(model / "config.json") else frozenset()
     found = beside(model)
     if found is None:
         return frozenset()
@@ -73,6 +77,14 @@ def kinds(model: Path) -> frozenset[str]:
     except OSError:
         return frozenset()
     return _kinds(found, st.st_mtime_ns, st.st_size)
+
+
+def _vision_config(config: Path) -> bool:
+    try:
+        data = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("vision_config"), dict)
 
 
 @functools.lru_cache(maxsize=128)

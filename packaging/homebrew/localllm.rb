@@ -18,6 +18,7 @@ class Localllm < Formula
   depends_on "rust" => :build # pydantic-core, llguidance, jiter and hf-xet build from source
   depends_on "certifi"
   depends_on "numpy"
+  depends_on "pillow"
   depends_on "python@3.12"
 
   # resources: begin
@@ -364,6 +365,11 @@ class Localllm < Formula
   resource "textual" do
     url "https://files.pythonhosted.org/packages/00/21/39a76b01bd5eea82a04baaca7580e105d8c59450df03998345bb2cfb307b/textual-8.2.8.tar.gz"
     sha256 "3f106a9fbc73e39dd266c9712432087de78a6d644084c7c241d6a25c3169115b"
+  end
+
+  resource "textual-image" do
+    url "https://files.pythonhosted.org/packages/c2/e7/c82ea0604874b6d51d5717a0911061ae5810e36dad2e4d2b11fa7d54cdaa/textual_image-0.12.0.tar.gz"
+    sha256 "fdd0b5ff9c8a99740bc360a99ce014d563fa97d07a5b49b472470809f57c0a74"
   end
 
   resource "tomlkit" do

@@ -21,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 FORMULA = HERE / "localllm.rb"
-FORMULAS = {"numpy", "certifi"}  # `depends_on` in the formula, not resources
+FORMULAS = {"numpy", "certifi", "pillow"}  # `depends_on` in the formula, not resources
 SKIP = {"localllm", "pip", "setuptools", "wheel"}
 BEGIN, END = "  # resources: begin", "  # resources: end"
 

@@ -20,8 +20,9 @@ import httpx
 import openai
 import pytest
 
+from localllm.backends.base import ModelRef
 from tests.conftest import ServerProcess, starts_process
-from tests.gguf_fixtures import noise_png, vision_folder
+from tests.gguf_fixtures import noise_png, tiny_llava_mlx, vision_folder
 
 PNG = base64.b64encode(noise_png(seed=0)).decode()
 OTHER = base64.b64encode(noise_png(seed=1)).decode()
@@ -42,7 +43,7 @@ def _ask(srv: ServerProcess, image: str | None, **extra: Any) -> dict[str, Any]:
     if image is not None:
         parts.append({"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}})
     body = {"model": "seer", "messages": [{"role": "user", "content": parts}],
-            "temperature": 0, "max_tokens": 4, **extra}
+            "temperature": 0, "max_tokens": 4, **extra}  # `model` in extra replaces it
     r = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return dict(r.json())
@@ -176,3 +177,22 @@ def test_images_reach_a_remote_engine_as_they_came(seer: ServerProcess, tmp_path
         assert r.json()["usage"]["prompt_tokens"] == direct
     finally:
         front.stop()
+
+
+@starts_process
+def test_an_mlx_vision_model_reads_images_through_the_same_api(
+    starter_mlx_ref: ModelRef, tmp_path: Path
+):
+    pytest.importorskip("mlx_vlm")
+    tiny_llava_mlx(tmp_path / "data" / "models" / "tiny-llava", starter_mlx_ref.path)
+    srv = ServerProcess(tmp_path, "--model", "tiny-llava")
+    try:
+        plain = _ask(srv, None, model="tiny-llava")["usage"]["prompt_tokens"]
+        first = _ask(srv, PNG, model="tiny-llava")
+        assert first["usage"]["prompt_tokens"] == plain + 16
+        again = _ask(srv, PNG, model="tiny-llava")["usage"]
+        assert again["prompt_tokens_details"]["cached_tokens"] == again["prompt_tokens"] - 1
+        r = httpx.post(srv.base + "/api/show", json={"model": "tiny-llava"}, timeout=30)
+        assert "vision" in r.json()["capabilities"]
+    finally:
+        srv.stop()

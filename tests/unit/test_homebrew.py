@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[2]
 FORMULA = ROOT / "packaging" / "homebrew" / "localllm.rb"
-FORMULAS = {"numpy", "certifi"}  # Homebrew formulas the formula depends on instead
+FORMULAS = {"numpy", "certifi", "pillow"}  # Homebrew formulas the formula depends on instead
 VENV = {"pip", "setuptools", "wheel"}  # every virtualenv has them
 
 # Just enough of Homebrew's DSL to load the formula and report what it declares.
