@@ -180,25 +180,12 @@ def tiny_projector(dst: Path, *, text_embd: int = 576, seed: int = 0) -> Path:
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    embd, ff, heads, image, patch, hidden = 32, 64, 2, 32, 8, 64
+    embd, ff, image, patch, hidden = 32, 64, 32, 8, 64
     n_pos = (image // patch) ** 2 + 1  # the patches and the class embedding
-    writer = gguf.GGUFWriter(dst, arch="clip")
-    writer.add_string("general.name", "tiny-llava-projector")
-    writer.add_string("clip.projector_type", "mlp")
-    writer.add_bool("clip.has_vision_encoder", True)
+    writer = _encoder_header(dst, "mlp", "vision", text_embd,
+                             {"image_size": image, "patch_size": patch})
     writer.add_bool("clip.has_text_encoder", False)
     writer.add_bool("clip.use_gelu", True)
-    for key, value in {
-        "embedding_length": embd,
-        "feed_forward_length": ff,
-        "block_count": 1,
-        "projection_dim": text_embd,
-        "attention.head_count": heads,
-        "image_size": image,
-        "patch_size": patch,
-    }.items():
-        writer.add_uint32(f"clip.vision.{key}", value)
-    writer.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-5)
     writer.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     writer.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
 
@@ -222,24 +209,8 @@ def tiny_projector(dst: Path, *, text_embd: int = 576, seed: int = 0) -> Path:
         "mm.2.weight": weights(text_embd, hidden).astype(np.float16),
         "mm.2.bias": zeros(text_embd),
     }
-    block = "v.blk.0"
-    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
-        tensors[f"{block}.{name}.weight"] = weights(embd, embd).astype(np.float16)
-        tensors[f"{block}.{name}.bias"] = zeros(embd)
-    tensors[f"{block}.ffn_up.weight"] = weights(ff, embd).astype(np.float16)
-    tensors[f"{block}.ffn_up.bias"] = zeros(ff)
-    tensors[f"{block}.ffn_down.weight"] = weights(embd, ff).astype(np.float16)
-    tensors[f"{block}.ffn_down.bias"] = zeros(embd)
-    for norm in ("ln1", "ln2"):
-        tensors[f"{block}.{norm}.weight"] = ones(embd)
-        tensors[f"{block}.{norm}.bias"] = zeros(embd)
-    for name, data in tensors.items():
-        writer.add_tensor(name, data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return dst
+    tensors |= _encoder_block("v.blk.0", embd, ff, weights, k_bias=True)
+    return _written(writer, tensors, dst)
 
 
 def noise_png(width: int = 48, height: int = 40, seed: int = 0) -> bytes:
@@ -321,3 +292,98 @@ def tiny_llava_mlx(dst: Path, tokenizer_from: Path, seed: int = 0) -> Path:
     weights = dict(tree_flatten(Model(mc).parameters()))
     mx.save_safetensors(str(dst / "model.safetensors"), weights)
     return dst
+
+
+def tiny_audio_projector(dst: Path, *, text_embd: int = 576, seed: int = 0) -> Path:
+    """A Qwen2-Audio-style projector (`mmproj`) of random weights for a text model of
+    `text_embd`: a one-block Whisper encoder on 128 mel bins and the linear layer that
+    maps each of its frames to an embedding of the text model. libmtmd computes the mel
+    spectrogram, encodes and projects as for the real Qwen2-Audio; the answers are noise."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    embd, ff, mels, n_pos = 32, 64, 128, 1500
+    writer = _encoder_header(dst, "qwen2a", "audio", text_embd, {"num_mel_bins": mels})
+    writer.add_bool("clip.has_vision_encoder", False)
+
+    def weights(*shape: int, scale: float = 0.2) -> Any:
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    tensors: dict[str, Any] = {
+        "a.conv1d.1.weight": weights(embd, mels, 3).astype(np.float16),
+        "a.conv1d.1.bias": weights(embd, 1),
+        "a.conv1d.2.weight": weights(embd, embd, 3).astype(np.float16),
+        "a.conv1d.2.bias": weights(embd, 1),
+        "a.position_embd.weight": weights(n_pos, embd),
+        "a.post_ln.weight": np.ones(embd, dtype=np.float32),
+        "a.post_ln.bias": np.zeros(embd, dtype=np.float32),
+        "mm.a.fc.weight": weights(text_embd, embd).astype(np.float16),
+        "mm.a.fc.bias": np.zeros(text_embd, dtype=np.float32),
+    }
+    # Whisper's key projection has no bias
+    tensors |= _encoder_block("a.blk.0", embd, ff, weights, k_bias=False)
+    return _written(writer, tensors, dst)
+
+
+_ENCODER = {"embedding_length": 32, "feed_forward_length": 64, "block_count": 1,
+            "attention.head_count": 2}
+
+
+def _encoder_header(dst: Path, projector: str, modality: str, text_embd: int,
+                    extra: dict[str, int]) -> Any:
+    """A projector GGUF's writer with the keys of a one-block encoder of `modality`."""
+    writer = gguf.GGUFWriter(dst, arch="clip")
+    writer.add_string("general.name", f"tiny-{projector}-projector")
+    writer.add_string("clip.projector_type", projector)
+    writer.add_bool(f"clip.has_{modality}_encoder", True)
+    for key, value in {**_ENCODER, "projection_dim": text_embd, **extra}.items():
+        writer.add_uint32(f"clip.{modality}.{key}", value)
+    writer.add_float32(f"clip.{modality}.attention.layer_norm_epsilon", 1e-5)
+    return writer
+
+
+def _encoder_block(block: str, embd: int, ff: int, weights: Any, *, k_bias: bool) -> dict:
+    """One transformer block of a projector's encoder: attention, feed-forward, norms."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+        out[f"{block}.{name}.weight"] = weights(embd, embd).astype(np.float16)
+        if name != "attn_k" or k_bias:
+            out[f"{block}.{name}.bias"] = np.zeros(embd, dtype=np.float32)
+    out[f"{block}.ffn_up.weight"] = weights(ff, embd).astype(np.float16)
+    out[f"{block}.ffn_up.bias"] = np.zeros(ff, dtype=np.float32)
+    out[f"{block}.ffn_down.weight"] = weights(embd, ff).astype(np.float16)
+    out[f"{block}.ffn_down.bias"] = np.zeros(embd, dtype=np.float32)
+    for norm in ("ln1", "ln2"):
+        out[f"{block}.{norm}.weight"] = np.ones(embd, dtype=np.float32)
+        out[f"{block}.{norm}.bias"] = np.zeros(embd, dtype=np.float32)
+    return out
+
+
+def _written(writer: Any, tensors: dict[str, Any], dst: Path) -> Path:
+    for name, data in tensors.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+def tone_wav(seconds: float = 1.0, hz: float = 440.0, rate: int = 16000) -> bytes:
+    """A WAV file of a sine tone (16-bit mono)."""
+    import io
+    import wave
+
+    import numpy as np
+
+    t = np.arange(int(seconds * rate)) / rate
+    samples = (np.sin(2 * np.pi * hz * t) * 0.3 * 32767).astype("<i2")
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+    return out.getvalue()

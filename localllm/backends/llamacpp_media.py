@@ -17,9 +17,9 @@ import dataclasses
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from localllm.backends.common import BATCH, KVLedger
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 
 log = logging.getLogger(__name__)
-_KEEP_CHUNKS = 64  # pictures whose chunks are held for prompts being read
+T = TypeVar("T")
+_KEEP_CHUNKS = 8  # pictures whose prepared chunks are kept (made again from `held`)
 _KEEP_EMBEDDINGS = 8  # pictures whose encoded embeddings are kept
 
 
@@ -71,6 +72,7 @@ class Projector:
         self.mrope = bool(mt.mtmd_decode_use_mrope(ctx))
         self._n_embd = int(ll.llama_model_n_embd_inp(model))
         self._lock = threading.Lock()  # the tokenizer thread adds chunks, the worker reads
+        self.held = media_ids.Held()  # run base -> the picture, to prepare it again
         self._chunks: OrderedDict[int, Any] = OrderedDict()  # run base -> owned chunk
         self._embd: OrderedDict[int, Any] = OrderedDict()  # run base -> float32 embeddings
         self._pos = (ll.llama_pos * 1)()
@@ -80,7 +82,6 @@ class Projector:
         """The prompt's ids for `text` (control tokens parsed, no BOS added) with each
         MEDIA_MARKER in it replaced by the next of `media` (as the model lays a picture
         out: its own tokens around the stand-in ids)."""
-        mt = self._mt
         if text.count(MEDIA_MARKER) != len(media):
             raise InvalidRequest(
                 f"the prompt places {text.count(MEDIA_MARKER)} images or clips and carries "
@@ -95,6 +96,24 @@ class Projector:
                     param="messages",
                     code="vision_not_supported" if m.kind == "image" else "audio_not_supported",
                 )
+        digests: dict[int, str] = {}  # run base -> the picture's digest
+        out = self._chunked(text, media, lambda chunks: self._flatten(chunks, digests))
+        if out and out[-1] < 0:
+            raise InvalidRequest(
+                "a prompt may not end with an image or clip: add text after it",
+                param="messages",
+            )
+        by_digest = {m.digest: m for m in media}
+        bases = [-t for i, t in enumerate(out) if t < 0 and not media_ids.continues(out, i)]
+        for base in bases:  # each picture, kept to prepare it again for its step
+            digest = digests.get(base, "")
+            if digest in by_digest:
+                self.held.add(base, by_digest[digest], keep=bases)
+        return out
+
+    def _chunked(self, text: str, media: Sequence[Media], read: Callable[[Any], T]) -> T:
+        """`read` of mtmd's chunks for `text` with `media` in place of its markers."""
+        mt = self._mt
         bitmaps = [self._bitmap(m) for m in media]
         chunks = mt.mtmd_input_chunks_init()
         try:
@@ -109,7 +128,7 @@ class Projector:
                     param="messages",
                     code="unsupported_media",
                 )
-            return self._flatten(chunks)
+            return read(chunks)
         finally:
             mt.mtmd_input_chunks_free(chunks)
             for bm in bitmaps:
@@ -131,7 +150,7 @@ class Projector:
         mt.mtmd_bitmap_set_id(bm, m.digest.encode())
         return bm
 
-    def _flatten(self, chunks: Any) -> list[int]:
+    def _flatten(self, chunks: Any, digests: dict[int, str]) -> list[int]:
         mt = self._mt
         out: list[int] = []
         n_out = ctypes.c_size_t(0)
@@ -152,13 +171,18 @@ class Projector:
             digest = (mt.mtmd_input_chunk_get_id(chunk) or b"").decode()
             ids = media_ids.run_ids(digest, n)
             self._keep(-ids[0], mt.mtmd_input_chunk_copy(chunk))
+            digests[-ids[0]] = digest
             out.extend(ids)
-        if out and out[-1] < 0:
-            raise InvalidRequest(
-                "a prompt may not end with an image or clip: add text after it",
-                param="messages",
-            )
         return out
+
+    def _media_chunk(self, chunks: Any) -> Any:
+        """An owned copy of the one picture's chunk among `chunks`."""
+        mt = self._mt
+        for i in range(mt.mtmd_input_chunks_size(chunks)):
+            chunk = mt.mtmd_input_chunks_get(chunks, i)
+            if mt.mtmd_input_chunk_get_type(chunk) != mt.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                return mt.mtmd_input_chunk_copy(chunk)
+        raise LocalLLMError("the projector made no chunk of a picture it read before")
 
     def _keep(self, base: int, chunk: Any) -> None:
         with self._lock:
@@ -236,8 +260,12 @@ class Projector:
             chunk = self._chunks.get(base)
             if chunk is not None:
                 self._chunks.move_to_end(base)
-        if chunk is None:
-            raise LocalLLMError("a picture of this prompt is no longer held: send it again")
+        if chunk is None:  # prepared again from the picture
+            item = self.held.get(base)
+            if item is None:
+                raise LocalLLMError("a picture of this prompt is no longer held: send it again")
+            chunk = self._chunked(MEDIA_MARKER, [item], self._media_chunk)
+            self._keep(base, chunk)
         n = int(self._mt.mtmd_input_chunk_get_n_tokens(chunk))
         if j - i != n:  # the scheduler reads a picture whole (media.whole_runs)
             raise LocalLLMError(f"a step holds {j - i} of a picture's {n} tokens; it is read whole")

@@ -14,6 +14,8 @@ import base64
 import binascii
 import hashlib
 import io
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 
 from localllm.backends.base import Media, ModelInfo
@@ -159,6 +161,36 @@ def no_media(info: ModelInfo, kind: str) -> InvalidRequest:
         param="messages",
         code="vision_not_supported" if kind == "image" else "audio_not_supported",
     )
+
+
+class Held:
+    """The pictures of prompts being read, by the base of their stand-in ids: what a step
+    prepares a picture from (again, when what it made of it was let go). Kept least
+    recently used first out, up to `limit` bytes, and never a prompt's own pictures while
+    it is laid out: a long conversation's many pictures all stay until its step."""
+
+    def __init__(self, limit: int = 512 * 1024 * 1024) -> None:
+        self._limit = limit
+        self._items: OrderedDict[int, Media] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()  # the tokenizer thread adds, the worker reads
+
+    def add(self, base: int, item: Media, keep: Sequence[int] = ()) -> None:
+        with self._lock:
+            old = self._items.pop(base, None)
+            self._bytes += len(item.data) - (len(old.data) if old is not None else 0)
+            self._items[base] = item
+            for other in [b for b in self._items if b not in keep and b != base]:
+                if self._bytes <= self._limit:
+                    break
+                self._bytes -= len(self._items.pop(other).data)
+
+    def get(self, base: int) -> Media | None:
+        with self._lock:
+            item = self._items.get(base)
+            if item is not None:
+                self._items.move_to_end(base)
+            return item
 
 
 # -- stand-in token ids ----------------------------------------------------------------

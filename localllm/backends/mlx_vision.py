@@ -26,7 +26,7 @@ from localllm.backends.base import MEDIA_MARKER, Media
 from localllm.backends.common import KVLedger
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 
-_KEEP = 64  # pictures whose processed pixels are held for prompts being read
+_KEEP = 8  # pictures whose processed pixels are kept (processed again from `held`)
 
 
 def is_vision_dir(folder: Path) -> bool:
@@ -73,6 +73,7 @@ class MlxVision:
         self.name = str(getattr(config, "model_type", "?"))
         self._lock = threading.Lock()  # the tokenizer thread adds pictures, the worker reads
         self._runs: OrderedDict[int, tuple[list[int], dict[str, Any]]] = OrderedDict()
+        self.held = media_ids.Held()  # run base -> the picture, to process it again
 
     # -- prompts ---------------------------------------------------------------------
     def tokenize(
@@ -87,6 +88,7 @@ class MlxVision:
                 param="messages",
             )
         out = tokenize(pieces[0])
+        bases: list[int] = []
         for item, piece in zip(media, pieces[1:], strict=True):
             if item.kind != "image":
                 raise InvalidRequest(
@@ -94,7 +96,10 @@ class MlxVision:
                     param="messages",
                     code="audio_not_supported",
                 )
-            out += self._picture(item)
+            stand = self._picture(item)
+            bases.append(-stand[0])
+            self.held.add(-stand[0], item, keep=bases)
+            out += stand
             out += tokenize(piece)
         if out and out[-1] < 0:
             raise InvalidRequest(
@@ -104,7 +109,7 @@ class MlxVision:
 
     def _picture(self, item: Media) -> list[int]:
         """A picture as the processor lays it out: its ids (kept, with its pixels) and
-        the stand-ins that take their place in the prompt."""
+        the stand-ins that take their place in the prompt (thread-safe)."""
         from PIL import Image
 
         img = Image.frombytes("RGB", (item.width, item.height), item.data)
@@ -163,11 +168,19 @@ class MlxVision:
                 out, n = self.language(mx.array(list(tokens[i:j]))[None], cache=cache), j - i
             else:
                 j = media_ids.run_end(tokens, i)
+                base = media_ids.run_base(tokens, i)
                 with self._lock:
-                    held = self._runs.get(media_ids.run_base(tokens, i))
-                if held is None:
-                    raise LocalLLMError("a picture of this prompt is no longer held: send it again")
-                ids, extra = held
+                    prepared = self._runs.get(base)
+                if prepared is None:  # processed again from the picture
+                    item = self.held.get(base)
+                    if item is None:
+                        raise LocalLLMError(
+                            "a picture of this prompt is no longer held: send it again"
+                        )
+                    self._picture(item)
+                    with self._lock:
+                        prepared = self._runs[base]
+                ids, extra = prepared
                 if len(ids) != j - i:
                     raise LocalLLMError(
                         f"a step holds {j - i} of a picture's {len(ids)} tokens; it is read whole"

@@ -60,6 +60,7 @@ class LoadedRow:
     requests: int
     draft_for: str | None
     kv_type: str = "f16"  # what its KV cache stores (f32, f16, q8_0, q4_0)
+    media: tuple[str, ...] = ()  # what it reads beside text ("image", "audio")
 
     def as_dict(self, now: float) -> dict[str, Any]:
         """The row /health, `localllm ps` and Ollama's /api/ps show, its clocks read at `now`."""
@@ -83,6 +84,7 @@ class LoadedRow:
             "expires_in_s": expires,
             "requests": self.requests,
             "draft_for": self.draft_for,
+            "media": list(self.media),
         }
 
 

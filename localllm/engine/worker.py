@@ -127,6 +127,7 @@ class Worker:
                     requests=res.requests,
                     draft_for=res.draft_for,
                     kv_type=res.profile.kv_dtype,
+                    media=tuple(sorted(info.media)),
                 )
             )
         self._status = EngineStatus(

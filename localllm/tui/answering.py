@@ -28,7 +28,7 @@ from localllm.backends.base import (
     SamplingParams,
     ToolCall,
 )
-from localllm.backends.media import from_bytes
+from localllm.backends.media import from_bytes, no_media
 from localllm.backends.reasoning import without_reasoning
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
@@ -96,6 +96,7 @@ class Answering(Commands):
             return
         try:
             attached = attach(event.text, Path.cwd())
+            self._check_readable(attached)
         except AttachError as exc:  # the prompt stays in the box: nothing is lost
             self.notify(str(exc), title="Not sent", severity="error", timeout=10)
             return
@@ -108,6 +109,16 @@ class Answering(Commands):
         if attached.files:
             await self._say_attached(attached)
         await self.send(attached.text, attached.media)
+
+    def _check_readable(self, attached: Attached) -> None:
+        """AttachError when the loaded model cannot read an attached picture or clip (a
+        remote model's engine says for itself)."""
+        info = self.engine.status().model_info
+        if self.remote_model is not None or info is None:
+            return
+        for item in attached.media:
+            if item.kind not in info.media:
+                raise AttachError(f"@{item.name}: {no_media(info, item.kind).public_message}")
 
     async def _say_attached(self, attached: Attached) -> None:
         """A note of what each @file adds to the prompt, in the model's tokens."""

@@ -114,3 +114,47 @@ def test_text_only_and_a_prompt_ending_in_a_picture(seer):
     with pytest.raises(InvalidRequest) as err:
         seer.render_chat([Message("user", f"{MEDIA_MARKER} hi", media=(clip,))])
     assert err.value.code == "audio_not_supported"
+
+
+def test_audio_through_an_audio_projector(tmp_path: Path):
+    """A Qwen2-Audio-style projector: libmtmd's mel spectrogram and Whisper encoder turn
+    a clip into 750 embeddings (one 30-second window), wrapped in the model's audio
+    markers; another sound gives other logits."""
+    from localllm.backends.llamacpp import LlamaCppBackend
+    from localllm.models.starter import starter_path
+    from tests.gguf_fixtures import tiny_audio_projector, tone_wav
+
+    proj = tiny_audio_projector(tmp_path / "mmproj-audio.gguf")
+    ref = ModelRef("hearer", Path(str(starter_path())), "gguf", "path")
+    model = LlamaCppBackend().load(ref, LoadOptions(n_ctx=2048, mmproj=str(proj)))
+    try:
+        assert model.info.media == frozenset({"audio"})
+
+        def heard(hz: float) -> np.ndarray:
+            clip = media.audio(tone_wav(hz=hz), param="audio")
+            msg = Message("user", f"{MEDIA_MARKER}What is this sound?", media=(clip,))
+            tokens = model.render_chat([msg])
+            assert sum(t < 0 for t in tokens) == 750
+            assert "<|audio_bos|><|audio_eos|>What is this sound?" in model.detokenize(tokens)
+            return _next_logits(model, 0, [tokens])
+
+        assert not np.allclose(heard(440), heard(880), atol=1e-3)
+        img = media.image(noise_png(), param="image")
+        with pytest.raises(InvalidRequest) as err:
+            model.render_chat([Message("user", f"{MEDIA_MARKER} hi", media=(img,))])
+        assert err.value.code == "vision_not_supported"
+    finally:
+        model.close()
+
+
+def test_a_picture_let_go_is_prepared_again_from_the_one_held(seer):
+    """The prepared chunks are few (8); a step whose picture's chunk was let go meanwhile
+    prepares it again from the picture held for it, with the same logits."""
+    tokens = _prompt(seer)
+    whole = _next_logits(seer, 0, [tokens])
+    proj = seer._projector
+    for seed in range(2, 12):  # ten other pictures push it out of the prepared ones
+        _prompt(seer, seed=seed)
+    base = -min(t for t in tokens if t < 0) - 15
+    assert base not in proj._chunks and proj.held.get(base) is not None
+    np.testing.assert_allclose(_next_logits(seer, 1, [tokens]), whole, atol=1e-3)

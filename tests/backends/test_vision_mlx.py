@@ -67,3 +67,13 @@ def test_audio_and_a_prompt_ending_in_a_picture_are_refused(llava):
     img = media.image(noise_png(), param="image")
     with pytest.raises(InvalidRequest, match="may not end with an image"):
         llava._vision.tokenize(f"look {MEDIA_MARKER}", [img], llava.tokenize)
+
+
+def test_a_picture_let_go_is_processed_again_from_the_one_held(llava):
+    tokens = _prompt(llava)
+    whole = _read(llava, 0, [tokens])
+    for seed in range(2, 12):  # ten other pictures push it out of the processed ones
+        _prompt(llava, seed=seed)
+    base = -next(t for t in tokens if t < 0)
+    assert base not in llava._vision._runs and llava._vision.held.get(base) is not None
+    np.testing.assert_allclose(_read(llava, 1, [tokens]), whole, atol=1e-4)

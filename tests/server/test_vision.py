@@ -21,8 +21,16 @@ import openai
 import pytest
 
 from localllm.backends.base import ModelRef
+from localllm.models.starter import starter_path
 from tests.conftest import ServerProcess, starts_process
-from tests.gguf_fixtures import noise_png, tiny_llava_mlx, vision_folder
+from tests.gguf_fixtures import (
+    noise_png,
+    tiny_audio_projector,
+    tiny_llava_mlx,
+    tiny_projector,
+    tone_wav,
+    vision_folder,
+)
 
 PNG = base64.b64encode(noise_png(seed=0)).decode()
 OTHER = base64.b64encode(noise_png(seed=1)).decode()
@@ -33,6 +41,12 @@ OTHER = base64.b64encode(noise_png(seed=1)).decode()
 def seer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     tmp = tmp_path_factory.mktemp("vision-server")
     vision_folder(tmp / "data" / "models")
+    hearer = tmp / "data" / "models" / "hearer"  # the starter with an audio projector
+    hearer.mkdir()
+    starter = starter_path()
+    assert starter is not None
+    (hearer / "hearer.gguf").symlink_to(starter)
+    tiny_audio_projector(hearer / "mmproj-hearer-f16.gguf")
     srv = ServerProcess(tmp, "--model", "seer")
     yield srv
     srv.stop()
@@ -196,3 +210,74 @@ def test_an_mlx_vision_model_reads_images_through_the_same_api(
         assert "vision" in r.json()["capabilities"]
     finally:
         srv.stop()
+
+
+@starts_process
+def test_mmproj_names_the_projector_and_urls_are_fetched_when_allowed(tmp_path: Path):
+    """`--mmproj FILE` gives the starter its projector (listed as vision once loaded), and
+    with fetch_image_urls an http image URL is fetched (here from a loopback server)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Picture(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = noise_png() if self.path == "/cat.png" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    pictures = ThreadingHTTPServer(("127.0.0.1", 0), Picture)
+    threading.Thread(target=pictures.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{pictures.server_address[1]}"
+    proj = tiny_projector(tmp_path / "proj.gguf")
+    srv = ServerProcess(tmp_path, "--mmproj", str(proj),
+                        env={"LOCALLLM_FETCH_IMAGE_URLS": "true"})
+    try:
+        rows = {m["id"]: m for m in httpx.get(srv.base + "/v1/models", timeout=30).json()["data"]}
+        assert "vision" in rows["starter"]["capabilities"]
+        body = {"model": "starter", "max_tokens": 2, "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": url + "/cat.png"}}]}]}
+        r = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        as_data = _ask(srv, base64.b64encode(noise_png()).decode(), model="starter")
+        assert r.json()["usage"]["prompt_tokens"] > 16
+        body["messages"] = [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url + "/gone.png"}},
+            {"type": "text", "text": "x"}]}]
+        r = httpx.post(srv.base + "/v1/chat/completions", json=body, timeout=120)
+        assert r.status_code == 400 and "HTTP 404" in r.json()["error"]["message"]
+        assert as_data["usage"]["prompt_tokens_details"]["cached_tokens"] > 16  # the same picture
+    finally:
+        srv.stop()
+        pictures.shutdown()
+
+
+def test_audio_goes_in_as_input_audio_and_ollama_images(seer: ServerProcess):
+    wav = base64.b64encode(tone_wav()).decode()
+
+    def ask(content: list[dict[str, Any]]) -> dict[str, Any]:
+        body = {"model": "hearer", "max_tokens": 2, "temperature": 0,
+                "messages": [{"role": "user", "content": content}]}
+        r = httpx.post(seer.base + "/v1/chat/completions", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        return dict(r.json()["usage"])
+
+    text = {"type": "text", "text": "What is this sound?"}
+    plain = ask([text])["prompt_tokens"]
+    clip = {"type": "input_audio", "input_audio": {"data": wav, "format": "wav"}}
+    heard = ask([clip, text])
+    # 750 embeddings for its 30-second window, and the model's two audio markers
+    assert heard["prompt_tokens"] - plain >= 750
+    r = httpx.post(seer.base + "/api/chat", json={
+        "model": "hearer", "stream": False, "options": {"num_predict": 2, "temperature": 0},
+        "messages": [{"role": "user", "content": "What is this sound?", "images": [wav]}]},
+        timeout=300)
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_eval_count"] == heard["prompt_tokens"]
+    r = httpx.post(seer.base + "/api/show", json={"model": "hearer"}, timeout=30)
+    assert "audio" in r.json()["capabilities"] and "vision" not in r.json()["capabilities"]

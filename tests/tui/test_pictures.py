@@ -69,10 +69,36 @@ async def test_an_image_named_with_at_is_sent_shown_and_kept(
             second = answers(app)[1].stats or {}
             assert second["cached_tokens"] >= first["prompt_tokens"] - 1
 
-            await app.open_conversation(app.conv.id)  # reopened: the note is still there
+            assert not app.query(".picture")  # this terminal draws no pictures: the note
+            app.inline_images = True  # one that does (Kitty's protocol, Sixel)
+            await app.open_conversation(app.conv.id)  # reopened: the picture is still there
             await pilot.pause()
             shown = [m for m in app.query(ChatMessage) if m.role == "user"]
             assert [len(m.attachments) for m in shown] == [1, 0]
+            assert len(app.query(".picture")) == 1 and len(app.query(".attachment")) == 1
     finally:
         history.close()
         engine.close()
+
+
+async def test_a_picture_for_a_model_that_cannot_read_it_is_not_sent(
+    make_app, history: History, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """On the starter (no projector) @cat.png is refused before it is sent, saying what
+    would let the model read it; the prompt stays in the box and nothing is stored."""
+    from tests.tui.conftest import ready as loaded
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cat.png").write_bytes(noise_png())
+    history.create("t", GREEDY)
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await loaded(pilot)
+        app.prompt_box.focus()
+        app.prompt_box.load_text("What is this? @cat.png")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(app._notifications) > 0, "the refusal")
+        said = [n.message for n in app._notifications][-1]
+        assert said.startswith("@cat.png: starter cannot read images") and "--mmproj" in said
+        assert app.prompt_box.text == "What is this? @cat.png"
+        assert app.conv is not None and history.messages(app.conv.id) == []

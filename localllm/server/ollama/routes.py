@@ -332,7 +332,7 @@ async def show(body: NameBody, request: Request) -> JSONResponse:
             "template": meta.chat_template or CHATML,
             "details": details(meta, ref.format),
             "model_info": info,
-            "capabilities": capabilities(meta, ref.format, projector.kinds(ref.path)),
+            "capabilities": capabilities(meta, ref.format, _media(engine, ref)),
             "modified_at": _modified(ref),
         }
     )
@@ -378,6 +378,13 @@ def _ps_rows(engine: EngineClient) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _media(engine: EngineClient, ref: ModelRef) -> frozenset[str]:
+    """What a model reads beside text: its projector's (beside it, or the one it was
+    loaded with)."""
+    rows = [r for r in engine.status().resident() if r["model"] == ref.name]
+    return projector.kinds(ref.path) | frozenset(m for r in rows for m in r["media"])
 
 
 @router.post("/api/chat", response_model=None)

@@ -156,7 +156,9 @@ def _model_rows(engine: EngineClient) -> dict[str, Any]:
         now = loaded.get(ref.name)
         row["context_length"] = meta.n_ctx_train
         row["loaded_context_length"] = now["n_ctx"] if now else None
-        row["capabilities"] = capabilities(meta, ref.format, projector.kinds(ref.path))
+        # a projector beside it, or the one it was loaded with (--mmproj)
+        media = projector.kinds(ref.path) | frozenset(now["media"] if now else ())
+        row["capabilities"] = capabilities(meta, ref.format, media)
         rows.append(row)
     for name, now in loaded.items():  # a model loaded by path is listed too
         if name not in seen:
