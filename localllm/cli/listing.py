@@ -21,13 +21,16 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
+    from localllm.models import projector
     from localllm.models.gguf import read_meta
     from localllm.models.store import ModelStore
     from localllm.units import format_bytes, format_params
 
-    rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE")]
+    rows = [("NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "INPUT", "SOURCE")]
     records: list[dict[str, Any]] = []
     for ref in ModelStore.from_settings(settings).models():
+        # what it reads: text, and images or audio through a projector (models/projector.py)
+        reads = ["text", *sorted(projector.kinds(ref.path))]
         try:
             meta = read_meta(ref.path, ref.format)
             params, quant, ctx = format_params(meta.params), meta.quant, str(meta.n_ctx_train)
@@ -53,6 +56,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 quant,
                 format_bytes(ref.size_bytes),
                 ctx,
+                ",".join(reads),
                 origin(ref, settings.models_dir),
             )
         )
@@ -60,6 +64,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             {
                 "name": ref.name,
                 "format": ref.format,
+                "input": reads,
                 "size_bytes": ref.size_bytes,
                 "source": origin(ref, settings.models_dir),
                 "path": str(ref.path),
@@ -68,7 +73,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         )
     for m in _remote_models(settings):
         ctx = str(m.n_ctx) if m.n_ctx else "?"
-        rows.append((m.name, "remote", "?", "?", "-", ctx, f"remote {m.remote}"))
+        rows.append((m.name, "remote", "?", "?", "-", ctx, "?", f"remote {m.remote}"))
         records.append(
             {
                 "name": m.name,

@@ -45,7 +45,8 @@ def test_list_and_info(tmp_path: Path):
     r = cli("list", tmp=tmp_path)
     assert r.returncode == 0
     header, row = r.stdout.splitlines()[:2]
-    assert header.split() == ["NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "SOURCE"]
+    assert header.split() == ["NAME", "FORMAT", "PARAMS", "QUANT", "SIZE", "CONTEXT", "INPUT",
+                              "SOURCE"]
     assert row.split()[:4] == ["starter", "gguf", "135M", "Q4_1"]
     info = cli("info", "starter", tmp=tmp_path)
     assert info.returncode == 0

@@ -323,8 +323,9 @@ def test_a_vision_repository_pulls_its_projector_with_the_model(
     assert filecmp.cmp(folder / "mmproj-seer-f16.gguf", proj, shallow=False)
     capsys.readouterr()
     assert main(["list"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
-    assert "seer-Q4_1" in listed and not any("mmproj" in name for name in listed)
+    listed = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert listed["seer-Q4_1"][7] == "text,image"  # its INPUT column (SIZE is two words)
+    assert not any("mmproj" in name for name in listed)
     assert main(["info", "seer-Q4_1"]) == 0
     assert "vision" in capsys.readouterr().out
 
