@@ -63,7 +63,7 @@ from localllm.backends.llamacpp_native import (
     native,
 )
 from localllm.backends.llamacpp_sampling import sampler_chain
-from localllm.backends.media import no_media
+from localllm.backends.media import lost_media, no_media
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
@@ -290,6 +290,7 @@ class LlamaCppModel:
         def tokenize(text: str) -> list[int]:
             if media and projector is not None:
                 return projector.tokenize(text, media)
+            lost_media(text)
             return self.tokenize(text, special=True)
 
         return chat_tokens(

@@ -18,8 +18,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from localllm.backends.base import Media, ModelInfo
-from localllm.errors import InvalidRequest
+from localllm.backends.base import MEDIA_MARKER, Media, ModelInfo
+from localllm.errors import InvalidRequest, LocalLLMError
 
 MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or clip as sent (after base64)
 MAX_IMAGE_PIXELS = 40_000_000  # width times height, decoded
@@ -191,6 +191,13 @@ class Held:
             if item is not None:
                 self._items.move_to_end(base)
             return item
+
+
+def lost_media(text: str) -> None:
+    """LocalLLMError when a prompt without pictures places one: a rewrite of the messages
+    dropped a picture on the way (clients cannot send the marker: server/media.py)."""
+    if MEDIA_MARKER in text:
+        raise LocalLLMError("a picture was lost while the prompt was laid out (a localllm bug)")
 
 
 # -- stand-in token ids ----------------------------------------------------------------

@@ -52,7 +52,7 @@ from localllm.backends.common import (
     reusable_prefix,
     vocab_fingerprint,
 )
-from localllm.backends.media import no_media
+from localllm.backends.media import lost_media, no_media
 from localllm.backends.mlx_lora import MlxLoras
 from localllm.backends.mlx_meta import (
     EOG_NAMES,
@@ -270,6 +270,7 @@ class MlxModel:
             special = functools.partial(self.tokenize, special=True)
             if media and vision is not None:
                 return vision.tokenize(text, media, special)
+            lost_media(text)
             return special(text)
 
         return chat_tokens(

@@ -117,9 +117,10 @@ def generic_messages(messages: Sequence[Message], spec: ToolSpec | None) -> list
             call = f" (call {m.tool_call_id})" if m.tool_call_id else ""
             text = f"The result{name}{call}: {m.content}"
             if out and out[-1].role == "user" and out[-1].content.startswith("The result"):
-                out[-1] = Message("user", f"{out[-1].content}\n{text}")
+                merged = f"{out[-1].content}\n{text}"
+                out[-1] = Message("user", merged, media=(*out[-1].media, *m.media))
             else:
-                out.append(Message("user", text))
+                out.append(Message("user", text, media=m.media))  # a result's pictures too
         else:
             out.append(m)
     return out

@@ -281,3 +281,28 @@ def test_audio_goes_in_as_input_audio_and_ollama_images(seer: ServerProcess):
     assert r.json()["prompt_eval_count"] == heard["prompt_tokens"]
     r = httpx.post(seer.base + "/api/show", json={"model": "hearer"}, timeout=30)
     assert "audio" in r.json()["capabilities"] and "vision" not in r.json()["capabilities"]
+
+
+def test_a_picture_in_a_tool_result_reaches_the_model(seer: ServerProcess):
+    """Claude Code's screenshots come back as image blocks inside tool_result; the
+    starter's template has no tool format, so the results become a user turn (generic
+    format) and the picture goes with it."""
+    tool = {"name": "screenshot", "description": "Take a screenshot",
+            "input_schema": {"type": "object", "properties": {}}}
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": PNG}}
+
+    def count(result: list[dict[str, Any]]) -> int:
+        body = {"model": "seer", "tools": [tool], "messages": [
+            {"role": "user", "content": "What is on my screen?"},
+            {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "toolu_1", "name": "screenshot", "input": {}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": result}]}]}
+        r = httpx.post(seer.base + "/v1/messages/count_tokens", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        return int(r.json()["input_tokens"])
+
+    text = {"type": "text", "text": "Here it is."}
+    # the picture's 16 tokens (the text around its place may tokenize one token apart)
+    assert 16 <= count([image, text]) - count([text]) <= 17
