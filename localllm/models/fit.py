@@ -9,6 +9,7 @@ which stays above that and grows with larger models.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from localllm.backends.base import ModelRef, default_n_ctx
 from localllm.errors import DamagedModel, LocalLLMError, ModelTooLarge
 from localllm.hardware import available_memory, gpu_free_memory
+from localllm.models import projector
 from localllm.models.gguf import ModelMeta, read_meta
 from localllm.units import format_bytes
 
@@ -134,7 +136,12 @@ def estimate(ref: ModelRef, n_ctx: int | None = None, *, kv_scale: float = 1.0) 
             f"the file is truncated: its tensors need {meta.data_end:,} bytes and it has "
             f"{meta.file_size:,} (an interrupted download or copy?)",
         )
-    return from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)
+    need = from_meta(ref.name, meta, ref.size_bytes, n_ctx, kv_scale=kv_scale)
+    mmproj = projector.beside(ref.path) if ref.format == "gguf" else None
+    if mmproj is not None:  # the projector loads beside it: its weights count too
+        with contextlib.suppress(OSError):
+            need = dataclasses.replace(need, weights=need.weights + mmproj.stat().st_size)
+    return need
 
 
 @dataclass(frozen=True, slots=True)

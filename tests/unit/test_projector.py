@@ -44,3 +44,19 @@ def test_what_a_projector_reads_comes_from_its_header(tmp_path: Path) -> None:
     (tmp_path / "bad.gguf").write_bytes(b"nope")
     with pytest.raises(DamagedModel):
         projector_kinds(tmp_path / "bad.gguf")
+
+
+def test_the_projector_counts_in_the_memory_estimate(tmp_path: Path) -> None:
+    from localllm.backends.base import ModelRef
+    from localllm.models import fit
+    from localllm.models.starter import starter_path
+    from tests.gguf_fixtures import vision_folder
+
+    starter = starter_path()
+    assert starter is not None
+    folder = vision_folder(tmp_path / "models")
+    plain = fit.estimate(ModelRef("starter", Path(starter), "gguf", "starter"), 1024)
+    seer = fit.estimate(ModelRef("seer", folder / "SmolLM2-135M-Instruct.Q4_1.gguf", "gguf",
+                                 "store"), 1024)
+    proj = (folder / "mmproj-seer-f16.gguf").stat().st_size
+    assert seer.weights == plain.weights + proj and seer.kv == plain.kv
