@@ -4,16 +4,18 @@ fit, and the memory all of that needs beside what is loaded already. The residen
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from localllm.backends.base import CPU_F16, Backend, MemoryProfile, ModelRef
 from localllm.config import DEFAULT_PARALLEL, Settings
 from localllm.engine import placement
 from localllm.engine.speculative import configured_draft
 from localllm.errors import BackendUnavailable, LocalLLMError, ModelTooLarge
-from localllm.models import fit
+from localllm.models import fit, projector
 from localllm.models.gguf import read_meta
 from localllm.models.store import ModelStore
 
@@ -97,9 +99,29 @@ class Planner:
     def _estimate(self, ref: ModelRef, n_ctx: int | None, profile: MemoryProfile) -> fit.Estimate:
         scale = profile.kv_scale
         draft = configured_draft(self.settings, self.store)
-        return fit.estimate(ref, n_ctx, kv_scale=scale).with_draft(
-            draft, target=ref, kv_scale=scale
-        )
+        need = fit.estimate(ref, n_ctx, kv_scale=scale)
+        named = self.mmproj_for(ref)
+        beside = projector.beside(ref.path) if ref.format == "gguf" else None
+        if named is not None and (beside is None or Path(named) != beside):
+            # the projector named with --mmproj loads beside it (fit counts one found there)
+            extra = _size(Path(named)) - (_size(beside) if beside is not None else 0)
+            need = dataclasses.replace(need, weights=need.weights + extra)
+        return need.with_draft(draft, target=ref, kv_scale=scale)
+
+    def mmproj_for(self, ref: ModelRef) -> str | None:
+        """The projector `ref` loads with: the `mmproj` setting's, when `ref` is the
+        setting's model; else the one beside its file (models/projector.py)."""
+        if ref.format != "gguf":
+            return None
+        if self.settings.mmproj:
+            try:
+                mine = self.store.resolve(self.settings.model)
+            except LocalLLMError:
+                mine = None
+            if mine is not None and mine.path.resolve() == ref.path.resolve():
+                return str(Path(self.settings.mmproj).expanduser())
+        found = projector.beside(ref.path)
+        return str(found) if found is not None else None
 
     def _with_parallel(self, need: fit.Estimate, profile: MemoryProfile) -> fit.Estimate:
         """The estimate with its KV for `parallel` sequences. Unset, that is 4, or fewer
@@ -138,6 +160,13 @@ class Planner:
     def _free(self, profile: MemoryProfile) -> fit.Free:
         offload = self.settings.n_gpu_layers != 0 and profile.gpu_offload
         return fit.free_memory(gpu_offload=offload)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def kv_type_refused(ref: ModelRef, kv_type: str, profile: MemoryProfile) -> str | None:

@@ -40,7 +40,7 @@ from localllm.errors import (
     LocalLLMError,
     ModelLoadError,
 )
-from localllm.models import fit, projector
+from localllm.models import fit
 from localllm.models.sampling import Recommended, recommended
 from localllm.models.store import ModelStore
 
@@ -194,21 +194,6 @@ class Residency(Planner):
             return ()
         return tuple(lora_spec(spec) for spec in self.settings.lora)
 
-    def _mmproj_for(self, ref: ModelRef) -> str | None:
-        """The projector `ref` loads with: the `mmproj` setting's, when `ref` is the
-        setting's model; else the one beside its file (models/projector.py)."""
-        if ref.format != "gguf":
-            return None
-        if self.settings.mmproj:
-            try:
-                mine = self.store.resolve(self.settings.model)
-            except LocalLLMError:
-                mine = None
-            if mine is not None and mine.path.resolve() == ref.path.resolve():
-                return str(Path(self.settings.mmproj).expanduser())
-        found = projector.beside(ref.path)
-        return str(found) if found is not None else None
-
     def keep_alive(self, seconds: float | None) -> float | None:
         """A keep-alive in seconds (the setting's when None); negative: forever. Not a
         number or infinite counts as forever too (the wire and the config refuse those
@@ -234,7 +219,7 @@ class Residency(Planner):
             n_seq=need.n_seq,
             kv_type=profile.kv_dtype if profile.kv_dtype in KV_CACHE_TYPES else "f16",
             loras=self._loras_for(ref),
-            mmproj=self._mmproj_for(ref),
+            mmproj=self.mmproj_for(ref),
         )
         try:
             model, reason, target = self._load_with_backend(ref, options)

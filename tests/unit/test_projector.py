@@ -60,3 +60,20 @@ def test_the_projector_counts_in_the_memory_estimate(tmp_path: Path) -> None:
                                  "store"), 1024)
     proj = (folder / "mmproj-seer-f16.gguf").stat().st_size
     assert seer.weights == plain.weights + proj and seer.kv == plain.kv
+
+
+def test_a_projector_named_with_mmproj_counts_for_the_default_model(tmp_path: Path) -> None:
+    from localllm.config import Settings
+    from localllm.engine.load_plan import Planner
+    from localllm.models.store import ModelStore
+    from tests.gguf_fixtures import tiny_projector
+
+    proj = tiny_projector(tmp_path / "proj.gguf")
+    store = ModelStore(tmp_path / "models", hf_cache=tmp_path / "hf")
+    plain = Planner(Settings(data_dir=tmp_path / "d"), store)
+    named = Planner(Settings(data_dir=tmp_path / "d", mmproj=str(proj)), store)
+    starter = store.resolve("starter")
+    assert named.mmproj_for(starter) == str(proj)
+    assert plain.mmproj_for(starter) is None
+    grown = named.plan(starter, 1024).need.weights - plain.plan(starter, 1024).need.weights
+    assert grown == proj.stat().st_size
