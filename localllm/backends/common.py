@@ -14,10 +14,12 @@ from localllm.backends.base import (
     Chunk,
     FinishReason,
     GenerationStats,
+    Media,
     Message,
     SamplingParams,
     TokenLogprob,
 )
+from localllm.backends.media import lost_media
 from localllm.errors import ContextOverflow, InvalidRequest
 
 # Prompt batches start at multiples of ALIGN positions and the last prompt token is
@@ -187,12 +189,27 @@ def chat_tokens(
     add_bos: bool,
     bos_id: int | None,
     variables: Mapping[str, Any] | None = None,
+    media_tokenize: Callable[[str, Sequence[Media]], list[int]] | None = None,
 ) -> list[int]:
-    """Render the chat template and tokenize it, with BOS exactly once when the model wants it."""
+    """Render the chat template and tokenize it, with BOS exactly once when the model wants it.
+    The messages' images and audio are laid out by `media_tokenize` (the model's
+    projector: backends/media.py); a model without one reads text only."""
     text = chat_template.render(
         template, messages, bos_token=bos_text, eos_token=eos_text, variables=variables
     )
-    tokens = tokenize_special(text)
+    media = [m for msg in messages for m in msg.media]
+    if not media:
+        lost_media(text)
+        tokens = tokenize_special(text)
+    elif media_tokenize is None:  # engine/prompt.py says why first, naming the fix
+        kind = media[0].kind
+        raise InvalidRequest(
+            f"this model reads text only, not {'images' if kind == 'image' else 'audio'}",
+            param="messages",
+            code="vision_not_supported" if kind == "image" else "audio_not_supported",
+        )
+    else:
+        tokens = media_tokenize(text, media)
     if add_bos and bos_id is not None and (not tokens or tokens[0] != bos_id):
         tokens = [bos_id, *tokens]
     return tokens

@@ -63,7 +63,6 @@ from localllm.backends.llamacpp_native import (
     native,
 )
 from localllm.backends.llamacpp_sampling import sampler_chain
-from localllm.backends.media import lost_media, no_media
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
@@ -282,23 +281,13 @@ class LlamaCppModel:
         ll, vocab = self._ll, self._vocab
         bos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_bos(vocab)) or b""
         eos_text = ll.llama_vocab_get_text(vocab, ll.llama_vocab_eos(vocab)) or b""
-        media = [m for msg in messages for m in msg.media]
-        projector = self._projector
-        if media and projector is None:
-            raise no_media(self.info, media[0].kind)
-
-        def tokenize(text: str) -> list[int]:
-            if media and projector is not None:
-                return projector.tokenize(text, media)
-            lost_media(text)
-            return self.tokenize(text, special=True)
-
         return chat_tokens(
             self.info.chat_template,
             messages,
             bos_text=bos_text.decode("utf-8", "replace"),
             eos_text=eos_text.decode("utf-8", "replace"),
-            tokenize_special=tokenize,
+            tokenize_special=lambda text: self.tokenize(text, special=True),
+            media_tokenize=self._projector.tokenize if self._projector is not None else None,
             add_bos=self.info.add_bos,
             bos_id=self.info.bos_id,
             variables=variables,

@@ -96,19 +96,13 @@ class Projector:
                     param="messages",
                     code="vision_not_supported" if m.kind == "image" else "audio_not_supported",
                 )
-        digests: dict[int, str] = {}  # run base -> the picture's digest
-        out = self._chunked(text, media, lambda chunks: self._flatten(chunks, digests))
+        by_digest = {m.digest: m for m in media}
+        out = self._chunked(text, media, lambda chunks: self._flatten(chunks, by_digest))
         if out and out[-1] < 0:
             raise InvalidRequest(
                 "a prompt may not end with an image or clip: add text after it",
                 param="messages",
             )
-        by_digest = {m.digest: m for m in media}
-        bases = [-t for i, t in enumerate(out) if t < 0 and not media_ids.continues(out, i)]
-        for base in bases:  # each picture, kept to prepare it again for its step
-            digest = digests.get(base, "")
-            if digest in by_digest:
-                self.held.add(base, by_digest[digest], keep=bases)
         return out
 
     def _chunked(self, text: str, media: Sequence[Media], read: Callable[[Any], T]) -> T:
@@ -150,9 +144,13 @@ class Projector:
         mt.mtmd_bitmap_set_id(bm, m.digest.encode())
         return bm
 
-    def _flatten(self, chunks: Any, digests: dict[int, str]) -> list[int]:
+    def _flatten(self, chunks: Any, by_digest: dict[str, Media]) -> list[int]:
+        """The prompt's ids: text chunks' tokens, each picture's stand-ins (its chunk
+        kept, and the picture held to prepare it again, the prompt's others never let go
+        for it)."""
         mt = self._mt
         out: list[int] = []
+        bases: list[int] = []
         n_out = ctypes.c_size_t(0)
         for i in range(mt.mtmd_input_chunks_size(chunks)):
             chunk = mt.mtmd_input_chunks_get(chunks, i)
@@ -170,8 +168,9 @@ class Projector:
                 )
             digest = (mt.mtmd_input_chunk_get_id(chunk) or b"").decode()
             ids = media_ids.run_ids(digest, n)
+            bases.append(-ids[0])
             self._keep(-ids[0], mt.mtmd_input_chunk_copy(chunk))
-            digests[-ids[0]] = digest
+            self.held.add(-ids[0], by_digest[digest], keep=bases)
             out.extend(ids)
         return out
 

@@ -142,6 +142,12 @@ def from_bytes(data: bytes, *, param: str) -> Media:
     return image(data, param=param)
 
 
+def with_markers(text: str, items: Sequence[Media]) -> str:
+    """A message's text with a marker for each of `items` before it (where Ollama and
+    llama-server place a message's images when its text does not say)."""
+    return MEDIA_MARKER * len(items) + text
+
+
 def no_media(info: ModelInfo, kind: str) -> InvalidRequest:
     """The error for a picture or clip sent to a model that cannot read it, saying what
     would let it."""

@@ -52,7 +52,6 @@ from localllm.backends.common import (
     reusable_prefix,
     vocab_fingerprint,
 )
-from localllm.backends.media import lost_media, no_media
 from localllm.backends.mlx_lora import MlxLoras
 from localllm.backends.mlx_meta import (
     EOG_NAMES,
@@ -261,24 +260,15 @@ class MlxModel:
         self, messages: Sequence[Message], variables: Mapping[str, Any] | None = None
     ) -> list[int]:
         info = self.info
-        media = [m for msg in messages for m in msg.media]
+        special = functools.partial(self.tokenize, special=True)
         vision = self._vision
-        if media and vision is None:
-            raise no_media(info, media[0].kind)
-
-        def tokenize(text: str) -> list[int]:
-            special = functools.partial(self.tokenize, special=True)
-            if media and vision is not None:
-                return vision.tokenize(text, media, special)
-            lost_media(text)
-            return special(text)
-
         return chat_tokens(
             info.chat_template,
             messages,
             bos_text=token_text(self._tok_config.get("bos_token")) or "",
             eos_text=token_text(self._tok_config.get("eos_token")) or "",
-            tokenize_special=tokenize,
+            tokenize_special=special,
+            media_tokenize=functools.partial(vision.tokenize, tokenize=special) if vision else None,
             add_bos=info.add_bos,
             bos_id=info.bos_id,
             variables=variables,

@@ -4,7 +4,9 @@ message's text by MEDIA_MARKER. Every API's schemas use these."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import asyncio
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 import httpx
 from starlette.requests import Request
@@ -13,6 +15,7 @@ from localllm.backends import media
 from localllm.backends.base import MEDIA_MARKER, Media
 from localllm.errors import InvalidRequest
 
+T = TypeVar("T")
 FETCH_TIMEOUT_S = 30.0
 Fetched = Mapping[str, bytes]  # an http(s) URL -> the bytes fetched for it
 
@@ -80,16 +83,15 @@ async def _get(client: httpx.AsyncClient, url: str) -> bytes:
         ) from None
 
 
+async def off_loop(build: Callable[[], T]) -> T:
+    """`build()` (a request's messages, pictures decoded) on a worker thread: a large
+    picture takes Pillow up to a second, which no other client's stream should wait for."""
+    return await asyncio.to_thread(build)
+
+
 async def prefetch(request: Request, urls: Iterable[str]) -> dict[str, bytes]:
     """`fetch` under the server's setting (fetch_image_urls)."""
     return await fetch(urls, allowed=bool(request.app.state.settings.fetch_image_urls))
-
-
-def with_markers(text: str, items: Iterable[Media], *, before: bool = True) -> str:
-    """A message's text with a marker for each of `items`: all before the text (as Ollama
-    and llama-server place a message's images), or after it."""
-    marks = "".join(MEDIA_MARKER for _ in items)
-    return f"{marks}{text}" if before else f"{text}{marks}"
 
 
 def check_text(text: str, *, param: str) -> str:

@@ -19,7 +19,6 @@ from textual.containers import VerticalScroll
 
 from localllm.backends import reasoning
 from localllm.backends.base import (
-    MEDIA_MARKER,
     Chunk,
     CoreModel,
     Media,
@@ -28,7 +27,7 @@ from localllm.backends.base import (
     SamplingParams,
     ToolCall,
 )
-from localllm.backends.media import from_bytes, no_media
+from localllm.backends.media import from_bytes, no_media, with_markers
 from localllm.backends.reasoning import without_reasoning
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
@@ -512,7 +511,7 @@ def _message(m: StoredMessage) -> Message:
         )
     if m.attachments:  # each image or clip placed before the text, as Ollama places them
         items = tuple(_decoded(a.data) for a in m.attachments)
-        return Message("user", MEDIA_MARKER * len(items) + m.content, media=items)
+        return Message("user", with_markers(m.content, items), media=items)
     return Message("user", m.content)
 
 

@@ -21,13 +21,13 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from localllm.backends.base import Chunk, SamplingParams, ToolCall
+from localllm.backends.base import Chunk, Message, SamplingParams, ToolCall
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
 from localllm.server.anthropic.schemas import CountBody, MessagesBody
 from localllm.server.errors import stream_error
 from localllm.server.framing import paced, sse_event, streaming
-from localllm.server.media import prefetch
+from localllm.server.media import off_loop, prefetch
 from localllm.server.serving import collect, engine_of, interval, settings_of, start, who
 
 router = APIRouter()
@@ -72,11 +72,17 @@ def _thinking(text: str) -> dict[str, Any]:
     return {"type": "thinking", "thinking": text, "signature": ""}
 
 
+async def _messages(request: Request, body: MessagesBody | CountBody) -> list[Message]:
+    """The body's messages, its pictures fetched (when allowed) and decoded off the loop."""
+    fetched = await prefetch(request, body.image_urls())
+    return await off_loop(lambda: body.engine_messages(fetched))
+
+
 @router.post("/v1/messages", response_model=None)
 async def messages(body: MessagesBody, request: Request) -> JSONResponse | StreamingResponse:
     req = EngineRequest(
         body.sampling(),
-        messages=body.engine_messages(await prefetch(request, body.image_urls())),
+        messages=await _messages(request, body),
         model=body.model,
         context_policy=settings_of(request).context_policy,
         tools=body.tool_spec(),
@@ -190,7 +196,7 @@ async def count_tokens(body: CountBody, request: Request) -> JSONResponse:
     engine = engine_of(request)
     req = EngineRequest(
         SamplingParams(),
-        messages=body.engine_messages(await prefetch(request, body.image_urls())),
+        messages=await _messages(request, body),
         model=body.model,
         tools=body.tool_spec(),
         template_vars=body.template_vars(),

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from localllm import __version__
+from localllm.backends import media
 from localllm.backends.base import (
     Chunk,
     GenerationStats,
@@ -394,7 +395,7 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
     settings: Settings = request.app.state.settings
     req = EngineRequest(
         body.sampling(),
-        messages=[m.to_message() for m in body.messages],
+        messages=await smedia.off_loop(lambda: [m.to_message() for m in body.messages]),
         context_policy=settings.context_policy,
         tools=body.tool_spec(),
         **body.engine_fields(request),
@@ -419,8 +420,9 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
         req = EngineRequest(body.sampling(), prompt=body.prompt, suffix=body.suffix, **fields)
     else:
         turns = [Message("system", body.system)] if body.system else []
-        items = smedia.base64_media(body.images or (), param="images")
-        text = smedia.with_markers(smedia.check_text(body.prompt, param="prompt"), items)
+        images = body.images or ()
+        items = await smedia.off_loop(lambda: smedia.base64_media(images, param="images"))
+        text = media.with_markers(smedia.check_text(body.prompt, param="prompt"), items)
         turns.append(Message("user", text, media=items))
         req = EngineRequest(body.sampling(), messages=turns, **fields)
     return await _answer(request, req, body.stream, chat=False)

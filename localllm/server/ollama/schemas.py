@@ -9,6 +9,7 @@ from typing import Any, Literal
 from fastapi import Request
 from pydantic import Field
 
+from localllm.backends import media
 from localllm.backends.base import Message, SamplingParams, ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec, new_call_id
 from localllm.engine import grammar
@@ -76,7 +77,7 @@ class OllamaMessage(wire.Wire):
 
     def to_message(self) -> Message:
         items = smedia.base64_media(self.images or (), param="images")
-        text = smedia.with_markers(smedia.check_text(self.content, param="content"), items)
+        text = media.with_markers(smedia.check_text(self.content, param="content"), items)
         calls = tuple(
             ToolCall(
                 c.id or new_call_id(),

@@ -15,7 +15,7 @@ from localllm.engine.request import Started
 from localllm.models import projector
 from localllm.server.errors import stream_error
 from localllm.server.framing import SSE_DONE, paced, sse, streaming
-from localllm.server.media import prefetch
+from localllm.server.media import off_loop, prefetch
 from localllm.server.model_facts import capabilities, damage_of, meta_of
 from localllm.server.openai import shapes
 from localllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -68,7 +68,7 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request
 ) -> JSONResponse | StreamingResponse:
     fetched = await prefetch(request, [u for m in body.messages for u in m.image_urls()])
-    messages = [m.to_message(fetched) for m in body.messages]
+    messages = await off_loop(lambda: [m.to_message(fetched) for m in body.messages])
     policy = request.app.state.settings.context_policy
     req = EngineRequest(
         body.sampling(),

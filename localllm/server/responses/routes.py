@@ -26,7 +26,7 @@ from localllm.engine.request import Request as EngineRequest
 from localllm.errors import InvalidRequest, LocalLLMError
 from localllm.server.errors import stream_error
 from localllm.server.framing import paced, sse_event, streaming
-from localllm.server.media import prefetch
+from localllm.server.media import off_loop, prefetch
 from localllm.server.responses.output import Answer, item_id
 from localllm.server.responses.schemas import (
     CreateBody,
@@ -89,7 +89,8 @@ async def _engine_request(
     request: Request, body: ResponsesBody, params: SamplingParams, items: list[Item]
 ) -> EngineRequest:
     body.check_include()
-    messages = messages_of(items, await prefetch(request, image_urls(items)))
+    fetched = await prefetch(request, image_urls(items))
+    messages = await off_loop(lambda: messages_of(items, fetched))
     if body.instructions:
         messages.insert(0, Message("system", body.instructions))
     if not messages:
