@@ -10,6 +10,8 @@ alternating order over `--rounds` rounds:
   same request on the idle server;
 - follow-up turns after answers of up to 300 tokens: time to the first token of the
   next turn and the share of its prompt that came from the cache;
+- four conversations taking turns (six turns each, a ~1,000-token system prompt of
+  their own): median time to the first token of turns 2-6;
 - a cold prompt of about 1,600 tokens: time to its first token.
 
 `--mlx` measures instead localllm on the MLX backend (the starter imported): four
@@ -30,6 +32,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -40,6 +43,7 @@ from localllm.models.starter import starter_path
 THREADS = 2
 PARALLEL = 4
 CTX = 4096
+MODEL = {"path": "", "id": "starter"}  # --model: another GGUF on both servers
 TOPICS = ["the sea", "a mountain village", "an old clockmaker", "a journey by train"]
 
 
@@ -61,7 +65,7 @@ class LlamaServer(Server):
         super().__init__()
 
     def command(self, *args: str) -> list[str]:
-        cmd = [self.binary, "-m", str(starter_path()), "--port", str(self.port)]
+        cmd = [self.binary, "-m", MODEL["path"] or str(starter_path()), "--port", str(self.port)]
         cmd += ["-t", str(THREADS), "-tb", str(THREADS)]
         cmd += ["-c", str(CTX * PARALLEL), "-np", str(PARALLEL)]
         # the same kernels as localllm on a CPU with AMX (see backends/llamacpp.py)
@@ -97,7 +101,7 @@ def stream(base: str, path: str, body: dict[str, Any]) -> Result:
 def chat(base: str, messages: list[dict[str, str]], max_tokens: int) -> Result:
     # plain greedy on both servers: a model's recommended penalty (the starter's 1.1)
     # would otherwise be applied by localllm alone
-    body = {"model": "starter", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+    body = {"model": MODEL["id"], "messages": messages, "max_tokens": max_tokens, "temperature": 0,
             "repeat_penalty": 1.0}
     return stream(base, "/v1/chat/completions", body)
 
@@ -130,7 +134,7 @@ def concurrent(base: str, salt: str, tokens: int = 128) -> tuple[float, float, f
 
 def completion_during_chat(base: str, salt: str) -> tuple[float, float]:
     """(latency of a 16-token completion on the idle server, the same during a chat)."""
-    body = {"model": "starter", "prompt": f"def fibonacci_{salt.replace('-', '_')}(n):"}
+    body = {"model": MODEL["id"], "prompt": f"def fibonacci_{salt.replace('-', '_')}(n):"}
     body |= {"max_tokens": 16, "temperature": 0, "repeat_penalty": 1.0}
     idle = stream(base, "/v1/completions", body).total
     busy: list[float] = []
@@ -155,6 +159,27 @@ def follow_ups(base: str, salt: str, turns: int = 3) -> list[Result]:
     return out
 
 
+def interleaved(base: str, salt: str, turns: int = 6) -> list[Result]:
+    """Four conversations taking turns, each with its own system prompt of about 1,000
+    tokens (an agent's instructions): the replies to turns 2 and later."""
+    convs = []
+    for c, topic in enumerate(TOPICS):
+        rules = " ".join(
+            f"Rule {i}: when asked about {topic}, cite source {i * 7 % 29} of shelf {c}."
+            for i in range(60)
+        )
+        convs.append([{"role": "system", "content": f"({salt}-{c}) {rules}"}])
+    later: list[Result] = []
+    for turn in range(turns):
+        for c, messages in enumerate(convs):
+            messages.append({"role": "user", "content": f"Question {turn + 1} about {TOPICS[c]}?"})
+            r = chat(base, messages, 32)
+            messages.append({"role": "assistant", "content": r.text})
+            if turn:
+                later.append(r)
+    return later
+
+
 def cold_prefill(base: str, salt: str) -> tuple[float, int]:
     words = " ".join(f"item{i} is {i * 7 % 13}" for i in range(230))
     content = f"({salt}) Here is a list: {words}. Which item is the largest?"
@@ -175,6 +200,10 @@ def measure(base: str, salt: str, *, concurrency: bool = True) -> dict[str, floa
             "completion_busy_ms": busy * 1000,
         }
     ups = follow_ups(base, salt)
+    if concurrency:
+        inter = interleaved(base, salt)
+        figures["interleaved_ttft_ms"] = statistics.median(r.ttft for r in inter) * 1000
+        figures["interleaved_prompt_tokens"] = statistics.median(r.prompt_tokens for r in inter)
     cold, n_cold = cold_prefill(base, salt)
     share = [r.cached / r.prompt_tokens for r in ups if r.prompt_tokens]
     return {
@@ -213,7 +242,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--mlx", action="store_true", help="the MLX backend, 4 vs 1 stream")
+    parser.add_argument("--model", help="a GGUF file for both servers (default: the starter)")
     args = parser.parse_args()
+    if args.model:
+        MODEL.update(path=str(Path(args.model).resolve()), id=Path(args.model).stem)
     if args.mlx:
         print(machine())
         mlx_rounds(args.rounds)
@@ -226,6 +258,7 @@ def main() -> None:
         order = names if rnd % 2 == 0 else names[::-1]
         for name in order:
             flags = ["--threads", str(THREADS), "--parallel", str(PARALLEL)]
+            flags += ["--model", MODEL["path"]] if MODEL["path"] else []
             server: Any = (
                 LlamaServer(str(binary))
                 if name == "llama-server"

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 128  # prompt tokens per step while other sequences decode
 INTERACTIVE_MAX_TOKENS = 64  # a raw completion asking for at most this many is interactive
+KEEP_RATIO = 4  # a request may take over a sequence if it loses at most 1/KEEP_RATIO of its state
 
 
 class Scheduler:
@@ -181,9 +182,13 @@ class Scheduler:
         adm = self._hooks.admit(job)
         model, prompt, tag = self.model, adm.prompt, adm.adapters.tag
 
-        def reuse(s: int) -> tuple[int, float]:
-            shared = common_prefix(model.seq_tokens(s), prompt) if self._tags[s] == tag else 0
-            return shared, -self._last_used[s]
+        # the sequence the prompt carries on (its conversation's), then an empty one, then
+        # the least recently used: a state mostly thrown away would cost a park and a restore
+        def reuse(s: int) -> tuple[bool, int, float]:
+            live = model.seq_tokens(s)
+            shared = common_prefix(live, prompt) if self._tags[s] == tag else 0
+            carried = (len(live) - shared) * KEEP_RATIO <= len(live)
+            return carried, shared if carried else 0, -self._last_used[s]
 
         seq = max(free, key=reuse)
         self._hooks.prepare(prompt, seq, adm.exact, tag)

@@ -81,6 +81,10 @@ def length_of(messages: list[Message]) -> Callable[[LoadedModel], int]:
     return lambda model: len(model.render_chat(messages))
 
 
+def detok(tokens: list[int]) -> Callable[[LoadedModel], str]:
+    return lambda model: model.detokenize(tokens)
+
+
 def test_four_interleaved_conversations_all_hit(tmp_path: Path, cold: Engine):
     engine = make(tmp_path)
     try:
@@ -96,6 +100,30 @@ def test_four_interleaved_conversations_all_hit(tmp_path: Path, cold: Engine):
         stats = engine.cache.stats()
         assert stats["ram_entries"] >= 3 and stats["restored"] >= 3
         assert stats["hits"] == 4 and stats["requests"] == 8
+    finally:
+        engine.close()
+
+
+def test_interleaved_conversations_each_keep_a_sequence(tmp_path: Path):
+    """Four conversations taking turns on four sequences: each turn goes back to the
+    sequence holding its conversation, so nothing is parked or restored, and each turn
+    reads only its new tokens (a sequence holding another conversation that shares only
+    the template's first tokens is not taken over while an empty one waits)."""
+    engine = make(tmp_path, deterministic=False, parallel=4)
+    try:
+        history = {topic: [Message("system", system(topic))] for topic in TOPICS}
+        last_prompt = dict.fromkeys(TOPICS, 0)  # each conversation's previous prompt, in tokens
+        for turn in range(3):
+            for topic, msgs in history.items():
+                msgs.append(Message("user", f"Tell me fact number {turn + 1} about {topic}."))
+                tokens, final = ask(engine, msgs)
+                assert final.stats is not None
+                assert final.stats.cached_tokens >= last_prompt[topic], (topic, turn)
+                last_prompt[topic] = final.stats.prompt_tokens
+                msgs.append(Message("assistant", engine.with_model(None, detok(tokens))))
+        stats = engine.cache.stats()
+        assert stats["requests"] == 12
+        assert stats["restored"] == 0 and stats["ram_entries"] == 0, stats
     finally:
         engine.close()
 
