@@ -362,11 +362,20 @@ class LlamaCppModel:
         return self._truncate(n, seq)
 
     def seq_copy(self, src: int, dst: int, n: int) -> bool:
-        ll, mem = self._ll, self._mem
+        """`dst` starts with the first n tokens of `src`'s state. Each sequence is a KV
+        stream of its own, and llama.cpp's seq_cp between streams copies all n_ctx cells
+        of one (at the starter's 8,192 about as long as reading 40 prompt tokens here);
+        the state calls copy only the cells `src` holds."""
+        ll = self._ll
         self._reset_kv(dst)
         if n <= 0 or src == dst:
             return n <= 0
-        ll.llama_memory_seq_cp(mem, src, dst, -1, -1)  # another stream: the whole of it
+        size = int(ll.llama_state_seq_get_size(self._ctx, src))
+        buf = (ctypes.c_uint8 * size)()
+        got = int(ll.llama_state_seq_get_data(self._ctx, buf, size, src))
+        if not got or not ll.llama_state_seq_set_data(self._ctx, buf, got, dst):
+            self._reset_kv(dst)
+            return False
         self._kvs[dst].copied(self._kvs[src], len(self._kvs[src].tokens))
         return self._truncate(n, dst)
 
@@ -387,7 +396,9 @@ class LlamaCppModel:
                 return
         i = 0
         self._rows = {}
-        for w in work:
+        # in the order of the sequence ids: llama.cpp splits a batch of several sequences
+        # (each its own KV stream) wherever the next sequence is not the id after the last
+        for w in sorted(work, key=lambda w: w.seq):
             base = len(self._kvs[w.seq].tokens)
             first_row = len(w.tokens) - w.logits
             rows = []

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from localllm.backends.base import Chunk, Message, ModelRef, SamplingParams
+from localllm.backends.base import Chunk, LoadOptions, Message, ModelRef, SamplingParams, SeqWork
+from localllm.backends.llamacpp import LlamaCppBackend
 from localllm.config import Settings
 from localllm.engine.engine import Engine
 from localllm.engine.request import Request
@@ -318,3 +319,22 @@ def test_an_empty_prompt_is_refused_before_it_takes_a_sequence(engine: Engine):
     assert engine.activity()["active"] == 0
     chunks = list(engine.generate(Request(SamplingParams(max_tokens=3), prompt="Hi")))
     assert chunks[-1].stats is not None and chunks[-1].stats.generated_tokens == 3
+
+
+@loads_model
+def test_a_copied_prefix_reads_as_the_sequence_s_own(starter_ref: ModelRef):
+    """seq_copy on llama.cpp (state calls, only the cells the source holds): the copy has
+    the source's tokens, and the next tokens read on both give the same logits."""
+    model = LlamaCppBackend().load(starter_ref, LoadOptions(n_threads=THREADS, n_ctx=512, n_seq=3))
+    try:
+        prompt = model.render_chat([Message("user", "Name three rivers of Europe.")])
+        model.step([SeqWork(0, prompt, 1)])
+        n = len(prompt) - 5
+        assert model.seq_copy(0, 2, n) and model.seq_tokens(2) == prompt[:n]
+        assert model.seq_tokens(0) == prompt  # the source keeps all of its state
+        model.seq_keep(0, n)
+        model.step([SeqWork(0, prompt[n:], 1), SeqWork(2, prompt[n:], 1)])
+        assert (model.logits(0, 0) == model.logits(2, 0)).all()
+        assert model.seq_copy(0, 1, 0) and model.seq_tokens(1) == []
+    finally:
+        model.close()
