@@ -52,7 +52,9 @@ def test_truncate_oldest_says_what_it_dropped(truncating: ServerProcess):
 
 def test_cache_figures_in_health_and_ps(truncating: ServerProcess):
     client = openai.OpenAI(base_url=truncating.base + "/v1", api_key="unused", max_retries=0)
-    for topic in ("rivers", "deserts", "rivers"):  # the third request restores the first
+    # five conversations on the server's four sequences: the fifth takes the place of the
+    # least recently used, and the last request restores the first from the RAM tier
+    for topic in ("rivers", "deserts", "forests", "mountains", "lakes", "rivers"):
         r = client.chat.completions.create(model="starter", messages=chat(topic, 1),
                                            max_tokens=2, temperature=0)
     details = r.usage.prompt_tokens_details if r.usage else None
