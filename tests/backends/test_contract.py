@@ -65,7 +65,7 @@ def test_max_tokens_exactly_and_one_final_chunk(loaded: LoadedModel):
 SYSTEM = "You are a helpful assistant who knows history, geography and science well. " * 8
 
 
-@pytest.mark.parametrize("question", ["Tell me about the history of Rome. " * 20,
+@pytest.mark.parametrize("question", ["Tell me about the history of Rome. " * 8,
                                       "Explain photosynthesis in detail."])
 def test_cached_prefix_gives_exactly_the_cold_output(loaded: LoadedModel, question: str):
     prompt = loaded.render_chat([Message("system", SYSTEM), Message("user", question)])
