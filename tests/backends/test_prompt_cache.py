@@ -104,6 +104,7 @@ def test_four_interleaved_conversations_all_hit(tmp_path: Path, cold: Engine):
         engine.close()
 
 
+@pytest.mark.model
 def test_interleaved_conversations_each_keep_a_sequence(tmp_path: Path):
     """Four conversations taking turns on four sequences: each turn goes back to the
     sequence holding its conversation, so nothing is parked or restored, and each turn

@@ -321,7 +321,7 @@ def test_an_empty_prompt_is_refused_before_it_takes_a_sequence(engine: Engine):
     assert chunks[-1].stats is not None and chunks[-1].stats.generated_tokens == 3
 
 
-@loads_model
+@pytest.mark.model
 def test_a_copied_prefix_reads_as_the_sequence_s_own(starter_ref: ModelRef):
     """seq_copy on llama.cpp (state calls, only the cells the source holds): the copy has
     the source's tokens, and the next tokens read on both give the same logits."""

@@ -189,7 +189,7 @@ def test_bad_images_are_refused_by_name(seer: ServerProcess):
     assert _ask(seer, PNG)["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-@starts_process
+@pytest.mark.process
 def test_images_reach_a_remote_engine_as_they_came(seer: ServerProcess, tmp_path: Path):
     """localllm in front of another engine (here the vision server) sends the picture on
     as an image_url part: the remote reads it (its 16 tokens counted there)."""
@@ -208,7 +208,7 @@ def test_images_reach_a_remote_engine_as_they_came(seer: ServerProcess, tmp_path
         front.stop()
 
 
-@starts_process
+@pytest.mark.process
 def test_an_mlx_vision_model_reads_images_through_the_same_api(
     starter_mlx_ref: ModelRef, tmp_path: Path
 ):
@@ -227,7 +227,8 @@ def test_an_mlx_vision_model_reads_images_through_the_same_api(
         srv.stop()
 
 
-@starts_process
+@pytest.mark.process
+@pytest.mark.model
 def test_mmproj_names_the_projector_and_urls_are_fetched_when_allowed(tmp_path: Path):
     """`--mmproj FILE` gives the starter its projector (listed as vision once loaded), and
     with fetch_image_urls an http image URL is fetched (here from a loopback server)."""
