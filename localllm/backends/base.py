@@ -256,13 +256,15 @@ class KVSnapshot:
 
     `tokens` is everything the sequence had seen (its answers included); its first
     `canonical` tokens are whole common.ALIGN blocks, each evaluated the way a cold run
-    evaluates it, so restoring just those gives exactly a cold run's output.
+    evaluates it, so restoring just those gives exactly a cold run's output. `finals`:
+    the batches that read a prompt's last token alone (common.KVLedger).
     """
 
     tokens: tuple[int, ...]
     nbytes: int
     payload: Any  # backend-specific: bytes (llama.cpp), arrays (MLX)
     canonical: int | None = None  # None: all of `tokens`
+    finals: tuple[tuple[int, int], ...] = ()
 
     @property
     def exact_tokens(self) -> tuple[int, ...]:
@@ -280,6 +282,7 @@ class SeqWork:
     tokens: Sequence[int]
     logits: int = 1
     exact: bool = False  # aligned prompt blocks that extend the exact prefix (deterministic)
+    final: bool = False  # a prompt's last part, alone in its step (a rerun reads it again)
 
 
 class Drafter(Protocol):
@@ -405,6 +408,11 @@ class Batched(Protocol):
 
     def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
         """The tokens sequence `seq` holds in the KV cache (exact: only its exact prefix)."""
+        ...
+
+    def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
+        """How much of `prompt` a rerun keeps so that it gets the logits the first run got
+        (the first run's last batch is read again: common.KVLedger); len(prompt): all."""
         ...
 
     def seq_keep(self, seq: int, n: int) -> bool:

@@ -75,6 +75,14 @@ def reusable_prefix(cached: Sequence[int], prompt: Sequence[int], *, exact: bool
     return n - n % ALIGN if exact else n
 
 
+def aligned_part(done: int, n_prompt: int) -> int:
+    """How many prompt tokens a deterministic request reads next: up to the next multiple of
+    ALIGN, and the last prompt token alone (as a cold run does; see ALIGN above)."""
+    if n_prompt - done <= 1:
+        return n_prompt - done
+    return min((done // ALIGN + 1) * ALIGN, n_prompt - 1) - done
+
+
 def extends_canonical(canonical: int, start: int, lo: int, hi: int) -> int:
     """The new length of the exactly-reusable KV prefix after evaluating the batch
     [start+lo, start+hi): it grows only by whole aligned blocks that follow it."""
@@ -86,17 +94,25 @@ def extends_canonical(canonical: int, start: int, lo: int, hi: int) -> int:
 class KVLedger:
     """The tokens a backend's live KV cache holds, and how many lead it exactly: the
     `canonical` prefix, evaluated in whole aligned prompt blocks as a cold run evaluates
-    them (only that part is ever reused). Each backend keeps one beside its native cache."""
+    them (only that part is ever reused). Each backend keeps one beside its native cache.
 
-    __slots__ = ("canonical", "tokens")
+    `finals` are the batches [start, end) that read a prompt's last token alone in their
+    step, kept while the cache holds that prompt (up to its last token, which a rerun
+    reads again anyway): a rerun of that prompt reads the same batch again and gets the
+    same logits (batched and one-token evaluation round differently), so a repeatable
+    request gives the same answer twice."""
+
+    __slots__ = ("canonical", "finals", "tokens")
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # generation appends to this list in place
         self.canonical = 0
+        self.finals: list[tuple[int, int]] = []
 
     def clear(self) -> None:
         self.tokens.clear()
         self.canonical = 0
+        self.finals.clear()
 
     def prefix(self) -> list[int]:
         """The exactly reusable tokens."""
@@ -109,6 +125,14 @@ class KVLedger:
     def reusable(self, prompt: Sequence[int]) -> int:
         return reusable_prefix(self.prefix(), prompt)
 
+    def reread(self, prompt: Sequence[int]) -> int:
+        """Where a rerun of `prompt` starts reading: the start of the batch that read its
+        last token, when this cache holds that run; else anywhere (len(prompt))."""
+        for start, end in self.finals:
+            if end == len(prompt) and self.tokens[: end - 1] == list(prompt[:-1]):
+                return start
+        return len(prompt)
+
     def evaluated(self, part: Sequence[int], start: int, lo: int, hi: int) -> None:
         """A prompt batch [start+lo, start+hi) went into the cache."""
         self.tokens.extend(part)
@@ -118,23 +142,36 @@ class KVLedger:
         """The native cache now keeps only its first n positions."""
         del self.tokens[n:]
         self.canonical = min(self.canonical, n)
+        self.finals[:] = [f for f in self.finals if f[1] <= n + 1]
 
-    def restored(self, tokens: Sequence[int], *, canonical: int | None = None) -> None:
+    def restored(
+        self,
+        tokens: Sequence[int],
+        *,
+        canonical: int | None = None,
+        finals: Sequence[tuple[int, int]] = (),
+    ) -> None:
         """A saved state replaced the cache (its first `canonical` tokens exact; None: all)."""
         self.tokens[:] = tokens
         self.canonical = len(self.tokens) if canonical is None else canonical
+        self.finals[:] = [f for f in finals if f[1] <= len(self.tokens) + 1]
 
-    def append(self, part: Sequence[int], *, exact: bool) -> None:
+    def append(self, part: Sequence[int], *, exact: bool, final: bool = False) -> None:
         """A batched step evaluated `part` after the cache; with `exact`, a whole aligned
-        block that a cold run evaluates the same way extends the canonical prefix."""
+        block that a cold run evaluates the same way extends the canonical prefix; with
+        `final`, it read a prompt's last token alone in its step."""
         if exact and len(part) == ALIGN and self.canonical == len(self.tokens):
             self.canonical = extends_canonical(self.canonical, len(self.tokens), 0, ALIGN)
+        if final:  # from the text after its last picture (a picture is read on its own)
+            after = next((i + 1 for i in range(len(part) - 1, -1, -1) if part[i] < 0), 0)
+            self.finals.append((len(self.tokens) + after, len(self.tokens) + len(part)))
         self.tokens.extend(part)
 
     def copied(self, other: KVLedger, n: int) -> None:
         """The cache now holds the first n tokens of another sequence's."""
         self.tokens[:] = other.tokens[:n]
         self.canonical = min(other.canonical, n)
+        self.finals[:] = [f for f in other.finals if f[1] <= n + 1]
 
 
 def check_scoring(n_tokens: int, start: int, n_ctx: int) -> None:

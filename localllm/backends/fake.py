@@ -162,6 +162,9 @@ class FakeModel:
     def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
         return list(self._kv[seq])
 
+    def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
+        return len(prompt)  # every batch gives the same numbers here
+
     def seq_keep(self, seq: int, n: int) -> bool:
         del self._kv[seq][n:]
         return True

@@ -341,7 +341,8 @@ class LlamaCppModel:
         buf = (ctypes.c_uint8 * size)()
         n = int(ll.llama_state_seq_get_data(self._ctx, buf, size, seq))
         data = ctypes.string_at(buf, n)
-        return KVSnapshot(tuple(kv.tokens), len(data), data, canonical=kv.canonical)
+        finals = tuple(kv.finals)
+        return KVSnapshot(tuple(kv.tokens), len(data), data, kv.canonical, finals)
 
     def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
         ll = self._ll
@@ -351,12 +352,16 @@ class LlamaCppModel:
         if not ll.llama_state_seq_set_data(self._ctx, buf, len(data), seq):
             self._reset_kv(seq)
             return False
-        self._kvs[seq].restored(snapshot.tokens, canonical=len(snapshot.exact_tokens))
+        exact_n = len(snapshot.exact_tokens)
+        self._kvs[seq].restored(snapshot.tokens, canonical=exact_n, finals=snapshot.finals)
         return True
 
     # -- batched steps -------------------------------------------------------------------
     def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
         return self._kvs[seq].view(exact=exact)
+
+    def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
+        return self._kvs[seq].reread(prompt)
 
     def seq_keep(self, seq: int, n: int) -> bool:
         return self._truncate(n, seq)
@@ -418,7 +423,7 @@ class LlamaCppModel:
                 self._reset_kv(w.seq)
             raise LocalLLMError(f"llama_decode failed with code {rc} in a batch of {i} tokens")
         for w in work:
-            self._kvs[w.seq].append(w.tokens, exact=w.exact)
+            self._kvs[w.seq].append(w.tokens, exact=w.exact, final=w.final)
 
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
         history = [t for t in history if t >= 0]  # no penalty reads a picture's stand-ins

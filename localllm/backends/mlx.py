@@ -306,7 +306,8 @@ class MlxModel:
             return KVSnapshot((), 0, [])
         layers = mlx_kv.snapshot(self._caches[seq], len(kv.tokens))
         self._mx.eval(layers)
-        return KVSnapshot(tuple(kv.tokens), mlx_kv.nbytes(layers), layers, canonical=kv.canonical)
+        finals = tuple(kv.finals)
+        return KVSnapshot(tuple(kv.tokens), mlx_kv.nbytes(layers), layers, kv.canonical, finals)
 
     def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
         self._reset_kv(seq)
@@ -315,12 +316,16 @@ class MlxModel:
         if not mlx_kv.restore(self._caches[seq], snapshot.payload, len(snapshot.tokens)):
             self._reset_kv(seq)
             return False
-        self._kvs[seq].restored(snapshot.tokens, canonical=len(snapshot.exact_tokens))
+        exact_n = len(snapshot.exact_tokens)
+        self._kvs[seq].restored(snapshot.tokens, canonical=exact_n, finals=snapshot.finals)
         return True
 
     # -- batched steps -------------------------------------------------------------------
     def seq_tokens(self, seq: int, *, exact: bool = False) -> list[int]:
         return self._kvs[seq].view(exact=exact)
+
+    def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
+        return self._kvs[seq].reread(prompt)
 
     def seq_keep(self, seq: int, n: int) -> bool:
         return self._truncate(n, seq)
@@ -360,7 +365,7 @@ class MlxModel:
                 self._reset_kv(w.seq)
             raise LocalLLMError(f"MLX failed in a batched step: {exc}") from exc
         for w in work:
-            self._kvs[w.seq].append(w.tokens, exact=w.exact)
+            self._kvs[w.seq].append(w.tokens, exact=w.exact, final=w.final)
 
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
         """A sampler whose draws do not depend on other sequences: mlx-lm samples from MLX's

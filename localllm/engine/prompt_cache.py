@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 _MIB = 1024 * 1024
+# a state on disk is read back only for at least this many tokens: reading, checking and
+# loading one (~25 MB for a 1,300-token conversation on the starter) took 50-70 ms here,
+# more than reading a few dozen prompt tokens
+DISK_MIN_REUSE = 64
 
 
 def model_key(ref: ModelRef, model: LoadedModel, kv_type: str) -> str:
@@ -92,6 +96,8 @@ class _DiskEntry:
     used: float
     canonical: int | None = None  # see KVSnapshot
     tag: str = ""  # the LoRA adapters it was computed under ("": none)
+    finals: tuple[tuple[int, int], ...] = ()  # see KVSnapshot
+    size: int = 0  # the .kv file's bytes (summed after every step for /health: never a stat)
 
 
 @dataclass(slots=True)
@@ -179,7 +185,7 @@ class PromptCache:
                 continue
             usable = entry.tokens[: _exact_n(entry)] if exact else entry.tokens
             n = reusable(usable, prompt, exact=exact)
-            if n > best_n:
+            if n > best_n and n >= DISK_MIN_REUSE:
                 best_n, source = n, f"disk:{k}"
         if live_n < len(live):
             self._park(key, slot, seq)  # the request keeps only part of the live state
@@ -265,13 +271,16 @@ class PromptCache:
                 tokens = tuple(int(t) for t in meta["tokens"])
                 path = side.with_suffix(".kv")
                 canonical = meta.get("canonical")
+                st = path.stat()
                 slot.disk[side.stem] = _DiskEntry(
                     tokens,
                     path,
                     int(meta["nbytes"]),
-                    path.stat().st_mtime,
+                    st.st_mtime,
                     None if canonical is None else int(canonical),
                     str(meta.get("tag") or ""),
+                    tuple((int(a), int(b)) for a, b in meta.get("finals") or ()),
+                    st.st_size,
                 )
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("dropping unreadable prompt-cache entry %s: %s", side.name, exc)
@@ -287,7 +296,9 @@ class PromptCache:
             if len(data) != int(meta["size"]) or hashlib.sha256(data).hexdigest() != meta["sha256"]:
                 raise ValueError(f"{len(data)} bytes that do not match their checksum")
             snap = dataclasses.replace(
-                slot.model.undump_kv(entry.tokens, data), canonical=entry.canonical
+                slot.model.undump_kv(entry.tokens, data),
+                canonical=entry.canonical,
+                finals=entry.finals,
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("dropping corrupt prompt-cache entry %s: %s", entry.path.name, exc)
@@ -312,6 +323,7 @@ class PromptCache:
                 "size": len(data),
                 "sha256": hashlib.sha256(data).hexdigest(),
                 "canonical": snap.canonical,
+                "finals": [list(f) for f in snap.finals],
                 "tag": tag,
                 "created": time.time(),
             }
@@ -323,8 +335,9 @@ class PromptCache:
         except OSError as exc:
             log.warning("could not write a prompt-cache entry: %s", exc)
             return
+        path = folder / f"{key}.kv"
         entry = _DiskEntry(
-            snap.tokens, folder / f"{key}.kv", snap.nbytes, time.time(), snap.canonical, tag
+            snap.tokens, path, snap.nbytes, time.time(), snap.canonical, tag, snap.finals, len(data)
         )
         slot.disk[key] = entry
         for old_key, old in list(slot.disk.items()):
@@ -337,19 +350,12 @@ class PromptCache:
 
     def _trim_disk(self, slot: _Slot) -> None:
         by_age = sorted(slot.disk.items(), key=lambda kv: kv[1].used)
-        total = sum(self._size(e) for e in slot.disk.values())
+        total = sum(e.size for e in slot.disk.values())
         for key, entry in by_age:
             if total <= self.disk_budget:
                 break
-            total -= self._size(entry)
+            total -= entry.size
             self._delete(slot, key)
-
-    @staticmethod
-    def _size(entry: _DiskEntry) -> int:
-        try:
-            return entry.path.stat().st_size
-        except OSError:
-            return 0
 
     def _delete(self, slot: _Slot, key: str) -> None:
         slot.disk.pop(key, None)
@@ -366,7 +372,7 @@ class PromptCache:
 
     @property
     def disk_bytes(self) -> int:
-        return sum(self._size(e) for slot in self._slots.values() for e in slot.disk.values())
+        return sum(e.size for slot in self._slots.values() for e in slot.disk.values())
 
     def stats(self) -> dict[str, float]:
         """Figures for /health (read from another thread: retried if a dict moves under it)."""

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import pytest
 
-from localllm.backends.base import Chunk, LoadedModel, Message, ModelRef, SamplingParams
+from localllm.backends.base import (
+    Chunk,
+    LoadedModel,
+    Message,
+    ModelRef,
+    SamplingParams,
+    SeqWork,
+)
 from localllm.backends.common import ALIGN
 from localllm.engine import single
+from localllm.engine.scheduler import WHOLE_BELOW
 from localllm.errors import ContextOverflow, InvalidRequest
 from localllm.models.gguf import read_gguf
 from tests.conftest import CONTRACT_CTX
@@ -15,8 +26,10 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16)
 NEVER = lambda: False  # noqa: E731
 
 
-def run(model: LoadedModel, prompt: list[int], params: SamplingParams) -> list[Chunk]:
-    return list(single.stream(model, prompt, params, should_stop=NEVER))
+def run(
+    model: LoadedModel, prompt: list[int], params: SamplingParams, *, exact: bool = True
+) -> list[Chunk]:
+    return list(single.stream(model, prompt, params, should_stop=NEVER, exact=exact))
 
 
 def chat(model: LoadedModel, text: str) -> list[int]:
@@ -83,6 +96,54 @@ def test_cached_prefix_gives_exactly_the_cold_output(loaded: LoadedModel, questi
     assert full is not None and part is not None
     assert full.cached_tokens == (len(prompt) - 1) // ALIGN * ALIGN  # whole blocks only
     assert 0 < part.cached_tokens < full.cached_tokens
+
+
+def test_a_repeatable_rerun_reads_the_first_run_s_last_batch_again(
+    loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
+):
+    """Outside deterministic mode, a short new part of a prompt (a follow-up turn) is read
+    in one step, its last token with it, and a long one leaves that token for a step of its
+    own; the same repeatable request again reads that last batch again, so its first logits
+    and its answer are the first run's. A request sampled at random keeps all but the
+    prompt's last token."""
+    steps: list[list[int]] = []
+    finals: list[tuple[int, np.ndarray]] = []  # each prompt's last batch and its logits
+    step = loaded.step
+
+    def spy(work: Sequence[SeqWork]) -> None:
+        step(work)
+        steps.append([len(w.tokens) for w in work])
+        finals.extend((len(w.tokens), loaded.logits(w.seq, 0)) for w in work if w.final)
+
+    monkeypatch.setattr(loaded, "step", spy)
+
+    def twice(prompt: list[int]) -> tuple[int, int, int]:
+        """Run `prompt` twice: the first run's cached and new tokens, and its first step's."""
+        steps.clear()
+        finals.clear()
+        first = run(loaded, prompt, GREEDY, exact=False)
+        again = run(loaded, prompt, GREEDY, exact=False)
+        assert generated(again) == generated(first)
+        (n1, logits1), (n2, logits2) = finals
+        assert n1 == n2 and np.array_equal(logits1, logits2)
+        assert cached(again) == len(prompt) - n1  # the same batch read again
+        return cached(first), len(prompt) - cached(first), steps[0][0]
+
+    question = [Message("user", "Name three colours.")]
+    prompt = loaded.render_chat(question)
+    _, n_new, first_step = twice(prompt)
+    assert 1 < n_new < WHOLE_BELOW and first_step == n_new
+    answer = loaded.detokenize(generated(run(loaded, prompt, GREEDY, exact=False)))
+    follow = loaded.render_chat(
+        [*question, Message("assistant", answer), Message("user", "And three animals?")]
+    )
+    n_cached, n_new, first_step = twice(follow)
+    assert n_cached >= len(prompt) and first_step == n_new  # only what is new, in one step
+    free = run(loaded, follow, SamplingParams(temperature=0.8, max_tokens=2), exact=False)
+    assert cached(free) == len(follow) - 1
+    long = chat(loaded, "Describe the sea and its tides in detail, please. " * 8)
+    _, n_new, first_step = twice(long)
+    assert n_new >= WHOLE_BELOW and first_step == n_new - 1 and finals[0][0] == 1
 
 
 def test_seeded_sampling_repeats(loaded: LoadedModel):

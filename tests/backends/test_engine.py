@@ -92,8 +92,8 @@ def test_errors_reach_the_caller_typed(engine: Engine):
 
 
 class _Crashy:
-    """The real model, but its fourth batched step fails in the native code (after the prompt,
-    read in two steps, and one decode step: two tokens out): the case a real model can't
+    """The real model, but its third batched step fails in the native code (after the prompt,
+    read in one step, and one decode step: two tokens out): the case a real model can't
     stage."""
 
     def __init__(self, real: Any) -> None:
@@ -109,7 +109,7 @@ class _Crashy:
 
     def step(self, work: Any) -> None:
         self.steps += 1
-        if self.steps == 4:
+        if self.steps == 3:
             raise RuntimeError("native failure")
         self._real.step(work)
 

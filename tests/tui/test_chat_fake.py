@@ -61,8 +61,8 @@ async def test_escape_ends_a_held_answer_where_it_stands(
         await wait_for(pilot, lambda: app.status.model == "scripted", "the model to load")
         app.prompt_box.load_text("Say the letters.")
         await pilot.press("enter")
-        gate.allow(3)  # the prompt in two steps, then two letters
-        await wait_for(pilot, lambda: gate.held(after=3, timeout=0), "three steps")
+        gate.allow(2)  # the prompt in one step, then a second letter
+        await wait_for(pilot, lambda: gate.held(after=2, timeout=0), "two steps")
         await wait_for(pilot, lambda: shown_answer(app) == "ab", "the first two letters")
         assert app.generating and answers(app) == []  # held: nothing is stored as done
         await pilot.press("escape")

@@ -135,7 +135,7 @@ def test_a_failure_at_token_n_ends_that_request_and_the_worker_serves_on(
 async def test_cancelling_a_held_request_ends_it_cancelled(held: Engine, gate: Gate):
     stream = held.submit(ask())
     gate.allow(2)
-    assert await asyncio.to_thread(gate.held, 2)  # its prompt read, its first token sent
+    assert await asyncio.to_thread(gate.held, 2)  # its prompt read, two tokens sent
     stream.cancel()  # while the model waits to take its next step
     gate.open()
     chunks = [c async for c in stream]

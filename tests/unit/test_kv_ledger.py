@@ -1,0 +1,67 @@
+"""The KV ledger's record of the batches that read a prompt's last token (common.KVLedger):
+what a rerun reads again, through cuts, copies and saved states."""
+
+from __future__ import annotations
+
+from localllm.backends.common import KVLedger
+
+PROMPT = list(range(100, 130))  # 30 tokens
+
+
+def first_run(cached: int = 10) -> KVLedger:
+    """A ledger after a run of PROMPT that found `cached` tokens, read the rest in one
+    step and answered three tokens."""
+    kv = KVLedger()
+    kv.append(PROMPT[:cached], exact=False)
+    kv.append(PROMPT[cached:], exact=False, final=True)
+    kv.append([7, 8, 9], exact=False)
+    return kv
+
+
+def test_a_rerun_reads_the_last_batch_again():
+    kv = first_run()
+    assert kv.finals == [(10, 30)]
+    assert kv.reread(PROMPT) == 10
+    assert kv.reread(PROMPT[:-1]) == 29  # another prompt: no constraint
+    assert kv.reread([*PROMPT[:-1], 5]) == 10  # the same prefix: reading from 10 is harmless
+
+
+def test_a_cut_before_the_prompt_s_last_token_keeps_the_record():
+    """Reuse never keeps a prompt's last token (it is read for its logits), so the cache
+    a rerun finds ends one before the batch's end; a cut further back drops it."""
+    kv = first_run()
+    kv.cut(29)
+    assert kv.reread(PROMPT) == 10
+    kv.cut(28)
+    assert kv.finals == [] and kv.reread(PROMPT) == 30
+
+
+def test_copies_and_saved_states_carry_the_record():
+    src = first_run()
+    dst = KVLedger()
+    dst.copied(src, 29)
+    assert dst.reread(PROMPT) == 10
+    dst.copied(src, 20)
+    assert dst.reread(PROMPT) == 30
+    restored = KVLedger()
+    restored.restored(PROMPT[:29], finals=src.finals)
+    assert restored.reread(PROMPT) == 10
+    restored.clear()
+    assert restored.finals == [] and restored.reread(PROMPT) == 30
+
+
+def test_a_picture_in_the_last_batch_is_not_read_again():
+    """A picture (stand-in ids below zero) is read in a call of its own: the batch that
+    gave the logits is the text after it."""
+    kv = KVLedger()
+    kv.append([1, 2, -50, -51, -52, 3, 4], exact=False, final=True)
+    assert kv.finals == [(5, 7)]
+
+
+def test_each_turn_of_a_conversation_keeps_its_record():
+    kv = first_run()
+    follow = [*PROMPT, 7, 8, 9, 40, 41, 42]
+    kv.cut(32)  # the answer's last token was not read
+    kv.append(follow[32:], exact=False, final=True)
+    assert kv.finals == [(10, 30), (32, 36)]
+    assert kv.reread(follow) == 32 and kv.reread(PROMPT) == 10
