@@ -14,6 +14,7 @@ from localllm.backends.base import (
     Chunk,
     FinishReason,
     GenerationStats,
+    KVSnapshot,
     Media,
     Message,
     SamplingParams,
@@ -144,17 +145,15 @@ class KVLedger:
         self.canonical = min(self.canonical, n)
         self.finals[:] = [f for f in self.finals if f[1] <= n + 1]
 
-    def restored(
-        self,
-        tokens: Sequence[int],
-        *,
-        canonical: int | None = None,
-        finals: Sequence[tuple[int, int]] = (),
-    ) -> None:
-        """A saved state replaced the cache (its first `canonical` tokens exact; None: all)."""
-        self.tokens[:] = tokens
-        self.canonical = len(self.tokens) if canonical is None else canonical
-        self.finals[:] = [f for f in finals if f[1] <= len(self.tokens) + 1]
+    def saved(self, nbytes: int, payload: Any) -> KVSnapshot:
+        """A snapshot of this cache, its native state being `payload`."""
+        return KVSnapshot(tuple(self.tokens), nbytes, payload, self.canonical, tuple(self.finals))
+
+    def restored(self, snapshot: KVSnapshot) -> None:
+        """A saved state replaced the cache."""
+        self.tokens[:] = snapshot.tokens
+        self.canonical = len(snapshot.exact_tokens)
+        self.finals[:] = [f for f in snapshot.finals if f[1] <= len(self.tokens) + 1]
 
     def append(self, part: Sequence[int], *, exact: bool, final: bool = False) -> None:
         """A batched step evaluated `part` after the cache; with `exact`, a whole aligned

@@ -341,8 +341,7 @@ class LlamaCppModel:
         buf = (ctypes.c_uint8 * size)()
         n = int(ll.llama_state_seq_get_data(self._ctx, buf, size, seq))
         data = ctypes.string_at(buf, n)
-        finals = tuple(kv.finals)
-        return KVSnapshot(tuple(kv.tokens), len(data), data, kv.canonical, finals)
+        return kv.saved(len(data), data)
 
     def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
         ll = self._ll
@@ -352,8 +351,7 @@ class LlamaCppModel:
         if not ll.llama_state_seq_set_data(self._ctx, buf, len(data), seq):
             self._reset_kv(seq)
             return False
-        exact_n = len(snapshot.exact_tokens)
-        self._kvs[seq].restored(snapshot.tokens, canonical=exact_n, finals=snapshot.finals)
+        self._kvs[seq].restored(snapshot)
         return True
 
     # -- batched steps -------------------------------------------------------------------

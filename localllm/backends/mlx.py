@@ -306,8 +306,7 @@ class MlxModel:
             return KVSnapshot((), 0, [])
         layers = mlx_kv.snapshot(self._caches[seq], len(kv.tokens))
         self._mx.eval(layers)
-        finals = tuple(kv.finals)
-        return KVSnapshot(tuple(kv.tokens), mlx_kv.nbytes(layers), layers, kv.canonical, finals)
+        return kv.saved(mlx_kv.nbytes(layers), layers)
 
     def load_kv(self, snapshot: KVSnapshot, seq: int = 0) -> bool:
         self._reset_kv(seq)
@@ -316,8 +315,7 @@ class MlxModel:
         if not mlx_kv.restore(self._caches[seq], snapshot.payload, len(snapshot.tokens)):
             self._reset_kv(seq)
             return False
-        exact_n = len(snapshot.exact_tokens)
-        self._kvs[seq].restored(snapshot.tokens, canonical=exact_n, finals=snapshot.finals)
+        self._kvs[seq].restored(snapshot)
         return True
 
     # -- batched steps -------------------------------------------------------------------

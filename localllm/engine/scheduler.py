@@ -57,7 +57,7 @@ PREFILL_CHUNK = 128  # prompt tokens per step while other sequences decode
 INTERACTIVE_MAX_TOKENS = 64  # a raw completion asking for at most this many is interactive
 KEEP_RATIO = 4  # a request may take over a sequence if it loses at most 1/KEEP_RATIO of its state
 # alone, a prompt's last part shorter than this is read in one step, its last token with it
-# (a follow-up turn's first token 5-18% sooner here); a longer one leaves that token for a
+# (the step 6-18% shorter here for 4-16 new tokens); a longer one leaves that token for a
 # step of its own (2% of its time or less). A rerun reads the last part again (see _start)
 WHOLE_BELOW = 64
 

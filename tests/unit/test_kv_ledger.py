@@ -3,6 +3,7 @@ what a rerun reads again, through cuts, copies and saved states."""
 
 from __future__ import annotations
 
+from localllm.backends.base import KVSnapshot
 from localllm.backends.common import KVLedger
 
 PROMPT = list(range(100, 130))  # 30 tokens
@@ -44,7 +45,7 @@ def test_copies_and_saved_states_carry_the_record():
     dst.copied(src, 20)
     assert dst.reread(PROMPT) == 30
     restored = KVLedger()
-    restored.restored(PROMPT[:29], finals=src.finals)
+    restored.restored(KVSnapshot(tuple(PROMPT[:29]), 0, None, finals=tuple(src.finals)))
     assert restored.reread(PROMPT) == 10
     restored.clear()
     assert restored.finals == [] and restored.reread(PROMPT) == 30
