@@ -36,9 +36,11 @@ test-fast: $(STAMP)
 	LOCALLLM_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not model and not process and not mlx"
 
 # Codex CLI, Claude Code and opencode (from npm) run headless against a real server;
-# writes docs/clients.md (minutes per client on a CPU; not part of CI)
+# writes docs/clients.md (minutes per client on a CPU; not part of CI); MODEL=PATH for
+# another model than the starter
+MODEL ?= starter
 clients: $(STAMP)
-	$(BIN)/python .ci/clients.py
+	$(BIN)/python .ci/clients.py --model $(MODEL)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_decode

@@ -1,14 +1,18 @@
 """`make clients`: run the agents that install from npm (Codex CLI, Claude Code, opencode)
-headless against a real localllm server and write what worked to docs/clients.md.
+and PyPI (aider) headless against a real localllm server and write what worked to
+docs/clients.md.
 
-Each client is installed into a cache folder (`npm install`, once), pointed at a server
-started here on a free port (its own data and cache folders), given one small task, and
-judged by what the server saw (its access log: each request's route and status) and by
-the client's exit status and output. CI does not run this (the clients come from npm
-and a turn of a 10,000-token agent prompt takes minutes on a laptop CPU); run it before a
-release and before calling a client issue resolved.
+Each client is installed into a cache folder (once), pointed at a server started here on
+a free port (its own data and cache folders), given each small task in TASKS, and judged
+by the task's own check (the word in its final answer, or the file it wrote), its exit
+status, and what the server saw (its access log: each request's route and status). CI
+does not run this (the clients come from npm and PyPI, and a turn of a 10,000-token agent
+prompt takes minutes on a laptop CPU); run it before a release and before calling a client
+issue resolved. The starter is too small to do either task in an agent's prompt; a coding
+model of 1.5B parameters does most of them (docs/clients.md).
 
-    python .ci/clients.py [--model NAME] [--ctx N] [--only codex,claude,opencode]
+    python .ci/clients.py [--model NAME|PATH] [--ctx N] [--only codex,claude,opencode,aider]
+                          [--tasks reply,file]
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
@@ -32,27 +37,61 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = {
+PACKAGES = {  # where each client installs from: npm, or "pypi:" and a package
     "codex": "@openai/codex",
     "claude": "@anthropic-ai/claude-code",
     "opencode": "opencode-ai",
+    "aider": "pypi:aider-chat",
 }
-TASK = "Reply with the single word: ready"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One thing a client is asked to do, and how its success is judged: by the answer
+    it printed (its final message, not its log) or by the file it left behind."""
+
+    name: str
+    prompt: str
+    word: str = ""  # the answer must say this word
+    file: str = ""  # or leave this file, holding `word`
+
+    def done(self, answer: str, work: Path) -> bool:
+        if self.file:
+            path = work / self.file
+            return path.is_file() and self.word in path.read_text(errors="replace")
+        return re.search(rf"\b{self.word}\b", answer, re.IGNORECASE) is not None
+
+
+TASKS = {
+    "reply": Task("reply", "Reply with the single word: ready", word="ready"),
+    "file": Task(
+        "file",
+        "Create a file named hello.txt in the current directory containing the single "
+        "line: hello from localllm",
+        word="hello from localllm",
+        file="hello.txt",
+    ),
+}
 
 
 @dataclass
 class Outcome:
     client: str
+    task: Task
     version: str = ""
     rc: int | None = None
     seconds: float = 0.0
     output: str = ""
+    answer: str = ""  # the client's final message
     requests: list[str] = field(default_factory=list)  # "POST /v1/responses 200"
+    done: bool = False  # the task's own check passed
 
     @property
     def answered(self) -> bool:
+        """The client exited cleanly, the server answered its requests, and the task's
+        check passed."""
         ok = [r for r in self.requests if r.split()[-1].startswith("2") and "POST" in r]
-        return self.rc == 0 and bool(ok)
+        return self.rc == 0 and bool(ok) and self.done
 
 
 def free_port() -> int:
@@ -62,24 +101,25 @@ def free_port() -> int:
 
 
 def install(cache: Path, client: str) -> Path | None:
-    """The client's executable, installed into `cache` with npm when it is not there."""
-    binary = cache / "node_modules" / ".bin" / client
-    if not binary.exists():
+    """The client's executable, installed into `cache` when it is not there: with npm, or
+    for a PyPI client into a virtual environment of its own."""
+    package = PACKAGES[client]
+    if package.startswith("pypi:"):
+        venv = cache / f"{client}-venv"
+        binary = venv / "bin" / client
+        steps = [[sys.executable, "-m", "venv", str(venv)]]
+        steps.append([str(venv / "bin" / "pip"), "install", "-q", package.removeprefix("pypi:")])
+    else:
         npm = shutil.which("npm")
-        if npm is None:
-            return None
-        subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", PACKAGES[client]],
-            cwd=cache,
-            check=False,
-            capture_output=True,
-            timeout=900,
-        )
+        binary = cache / "node_modules" / ".bin" / client
+        steps = [[npm, "install", "--no-audit", "--no-fund", package]] if npm else []
+    for step in steps if not binary.exists() else []:
+        subprocess.run(step, cwd=cache, check=False, capture_output=True, timeout=900)
     return binary if binary.exists() else None
 
 
 @contextlib.contextmanager
-def server(model: str, ctx: int, home: Path) -> Iterator[tuple[str, Path]]:
+def server(model: str, ctx: int, home: Path) -> Iterator[tuple[str, Path, str]]:
     port = free_port()
     log = home / "access.log"
     env = {
@@ -115,10 +155,17 @@ def server(model: str, ctx: int, home: Path) -> Iterator[tuple[str, Path]]:
                     if httpx.get(base + "/health", timeout=1).status_code == 200:
                         break
                 time.sleep(0.2)
-            yield base, log
+            yield base, log, loaded_id(base)
         finally:
             proc.terminate()
             proc.wait(timeout=30)
+
+
+def loaded_id(base: str) -> str:
+    """The id the server lists for the model it loaded (a path given to --model is
+    listed by its file's stem, and the clients must ask for that id)."""
+    models = httpx.get(base + "/v1/models", timeout=10).json()["data"]
+    return next(m["id"] for m in models if m.get("loaded_context_length"))
 
 
 def seen(log: Path, since: int) -> tuple[list[str], int]:
@@ -133,8 +180,12 @@ def seen(log: Path, since: int) -> tuple[list[str], int]:
 
 
 def command(
-    client: str, binary: Path, base: str, model: str, work: Path
+    client: str, binary: Path, base: str, model: str, work: Path, task: Task
 ) -> tuple[list[str], dict[str, str]]:
+    """The client's headless command for `task`, with the environment that points it at
+    the server. Each may write in `work` (a fresh folder) without asking: Codex without
+    its sandbox (which needs kernel features a container may lack), Claude Code accepting
+    edits, aider saying yes, opencode as it is."""
     env = {**os.environ, "HOME": str(work / "home"), "NO_COLOR": "1"}
     (work / "home").mkdir(exist_ok=True)
     if client == "codex":
@@ -154,18 +205,51 @@ def command(
             provider,
             "-m",
             model,
-            TASK,
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--output-last-message",
+            str(work / "last-message.txt"),
+            task.prompt,
         ], env
     if client == "claude":
         env |= {
             "ANTHROPIC_BASE_URL": base,
             "ANTHROPIC_AUTH_TOKEN": "unused",
             "ANTHROPIC_MODEL": model,
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
             "ANTHROPIC_SMALL_FAST_MODEL": model,
+            # as `localllm launch claude` sets it: an answer may start after 5 minutes
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000",
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
             "DISABLE_TELEMETRY": "1",
         }
-        return [str(binary), "-p", TASK, "--max-turns", "2"], env
+        turns = "6" if task.file else "4"
+        return [
+            str(binary),
+            "-p",
+            task.prompt,
+            "--max-turns",
+            turns,
+            "--permission-mode",
+            "acceptEdits",
+        ], env
+    if client == "aider":  # through litellm's Ollama provider, as its users run it
+        env |= {"OLLAMA_API_BASE": base, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        return [
+            str(binary),
+            "--model",
+            f"ollama_chat/{model}",
+            "--message",
+            task.prompt,
+            "--yes-always",
+            "--no-git",
+            "--no-check-update",
+            "--no-show-model-warnings",
+            "--analytics-disable",
+            "--no-pretty",
+            "--no-stream",
+        ], env
     config = {
         "$schema": "https://opencode.ai/config.json",
         "provider": {
@@ -180,7 +264,7 @@ def command(
     path = work / "opencode.json"
     path.write_text(json.dumps(config))
     env |= {"OPENCODE_CONFIG": str(path)}
-    return [str(binary), "run", "-m", f"localllm/{model}", TASK], env
+    return [str(binary), "run", "-m", f"localllm/{model}", task.prompt], env
 
 
 def version(binary: Path) -> str:
@@ -190,16 +274,18 @@ def version(binary: Path) -> str:
     return "?"
 
 
-def run(client: str, cache: Path, base: str, log: Path, model: str, timeout: int) -> Outcome:
-    outcome = Outcome(client)
+def run(
+    client: str, task: Task, cache: Path, base: str, log: Path, model: str, timeout: int
+) -> Outcome:
+    outcome = Outcome(client, task)
     binary = install(cache, client)
     if binary is None:
-        outcome.output = f"not installed ({PACKAGES[client]} did not install from npm)"
+        outcome.output = f"not installed ({PACKAGES[client]} did not install)"
         return outcome
     outcome.version = version(binary)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        argv, env = command(client, binary, base, model, work)
+        argv, env = command(client, binary, base, model, work, task)
         _, start = seen(log, 0)
         t0 = time.monotonic()
         try:
@@ -213,35 +299,51 @@ def run(client: str, cache: Path, base: str, log: Path, model: str, timeout: int
                 stdin=subprocess.DEVNULL,
             )
             outcome.rc, outcome.output = done.returncode, (done.stdout + done.stderr)
+            last = work / "last-message.txt"  # Codex's final message; the others print it
+            outcome.answer = last.read_text() if last.exists() else done.stdout
         except subprocess.TimeoutExpired as exc:
-            outcome.output = f"timed out after {timeout} s: {exc.stdout or ''}"
+            partial = exc.stdout or b""
+            text = partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+            outcome.output = f"timed out after {timeout} s: {text}"
         outcome.seconds = time.monotonic() - t0
         outcome.requests, _ = seen(log, start)
+        outcome.done = task.done(outcome.answer, work)
     return outcome
 
 
+NOTES = "## Notes from the runs"  # what follows this heading in the file is kept
+
+
 def write(outcomes: list[Outcome], model: str, ctx: int, path: Path) -> None:
+    """The table of this run, above whatever notes the file already holds."""
     when = datetime.date.today().isoformat()
+    tasks = "; ".join(f'{t.name}: "{t.prompt}"' for t in TASKS.values())
     lines = [
         "# Real clients against localllm",
         "",
         f"Written by `make clients` ({when}; {platform.machine()}, {os.cpu_count()} CPUs; "
-        f"model `{model}`, context {ctx}). Each client ran headless with one task "
-        f'("{TASK}") against a fresh server; "requests" is what the server\'s access log '
-        "saw. The replayed request bodies of these and other clients are tested in "
-        "`tests/clients/` on every run of the suite.",
+        f"model `{Path(model).name}`, context {ctx}). Each client ran headless against a "
+        f"fresh server with each task ({tasks}); a task is done when the client exited "
+        "cleanly and its final answer says the word (reply) or the file holds the line "
+        '(file). "requests" is what the server\'s access log saw. The replayed request '
+        "bodies of these and other clients are tested in `tests/clients/` on every run of "
+        "the suite.",
         "",
-        "| client | version | answered | seconds | requests the server saw | last output |",
-        "|---|---|---|---:|---|---|",
+        "| client | version | task | done | seconds | requests the server saw | answer |",
+        "|---|---|---|---|---:|---|---|",
     ]
     for o in outcomes:
-        tail = " ".join(o.output.strip().splitlines()[-2:])[-160:].replace("|", "\\|")
-        asked = ", ".join(o.requests[:8]) + (" ..." if len(o.requests) > 8 else "")
+        said = o.answer.strip() or " ".join(o.output.strip().splitlines()[-2:])
+        said = " ".join(said.split())[-160:].replace("|", "\\|")
+        more = f" ... ({len(o.requests)} in all)" if len(o.requests) > 6 else ""
+        asked = ", ".join(o.requests[:6]) + more
         lines.append(
-            f"| {o.client} | {o.version} | {'yes' if o.answered else 'no'} | "
-            f"{o.seconds:.0f} | {asked or 'none'} | {tail} |"
+            f"| {o.client} | {o.version} | {o.task.name} | {'yes' if o.answered else 'no'} | "
+            f"{o.seconds:.0f} | {asked or 'none'} | {said} |"
         )
-    path.write_text("\n".join(lines) + "\n")
+    old = path.read_text() if path.exists() else ""
+    kept = old[old.index(NOTES) :] if NOTES in old else NOTES + "\n"
+    path.write_text("\n".join(lines) + "\n\n" + kept)
 
 
 def main() -> int:
@@ -249,6 +351,8 @@ def main() -> int:
     parser.add_argument("--model", default="starter")
     parser.add_argument("--ctx", type=int, default=32768)
     parser.add_argument("--only", default=",".join(PACKAGES))
+    parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--logs", type=Path, help="write each client's whole output here")
     parser.add_argument("--timeout", type=int, default=1200, help="seconds per client")
     parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "localllm-clients")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "clients.md")
@@ -257,19 +361,21 @@ def main() -> int:
     outcomes = []
     with (
         tempfile.TemporaryDirectory() as home,
-        server(args.model, args.ctx, Path(home)) as (
-            base,
-            log,
-        ),
+        server(args.model, args.ctx, Path(home)) as (base, log, model_id),
     ):
         for client in args.only.split(","):
-            outcome = run(client, args.cache, base, log, args.model, args.timeout)
-            print(
-                f"{client}: answered={outcome.answered} rc={outcome.rc} "
-                f"{outcome.seconds:.0f}s {outcome.requests}",
-                flush=True,
-            )
-            outcomes.append(outcome)
+            for name in args.tasks.split(","):
+                task = TASKS[name]
+                outcome = run(client, task, args.cache, base, log, model_id, args.timeout)
+                print(
+                    f"{client} {name}: done={outcome.answered} rc={outcome.rc} "
+                    f"{outcome.seconds:.0f}s {outcome.requests} {outcome.answer[-200:]!r}",
+                    flush=True,
+                )
+                outcomes.append(outcome)
+                if args.logs:
+                    args.logs.mkdir(parents=True, exist_ok=True)
+                    (args.logs / f"{client}-{name}.txt").write_text(outcome.output)
     write(outcomes, args.model, args.ctx, args.out)
     print(f"wrote {args.out}")
     return 0 if all(o.answered for o in outcomes) else 1

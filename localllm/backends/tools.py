@@ -305,6 +305,68 @@ def _hermes_calls(text: str, known: set[str]) -> tuple[list[ToolCall], bool]:
     return calls, True
 
 
+# A Hermes-family model (Qwen 2.5 Coder above all) often writes a call without its tags:
+# the call's JSON alone on a line, mostly in a ```json fence. That is read as the call it
+# is when each value is a call of an offered function and nothing but whitespace and
+# fences follows it; prose before it stays content.
+_BARE_HEAD = re.compile(r'(?:^|\n)[ \t]*(?:```(?:json)?[ \t]*\n\s*)?(\{\s*"name"\s*:)')
+_GAP = re.compile(r"(?:\s|```(?:json)?)*")
+_FENCE_LINE = re.compile(r"```(?:json)?[ \t]*\n\s*")
+_FENCE_START = re.compile(r"```(?:j|js|jso|json)?[ \t]*")
+_BRACE_START = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
+
+
+def _bare_calls(text: str, known: set[str], whole: bool = True) -> tuple[int, list[ToolCall]]:
+    """Where a reply's untagged calls begin and the calls (none: it has none). `whole`
+    False: the reply was cut short, and the calls complete before the cut count."""
+    head = _BARE_HEAD.search(text)
+    if head is None:
+        return len(text), []
+    values: list[Any] = []
+    i = head.start(1)
+    while (i := _skip_gap(text, i)) < len(text):
+        try:
+            value, i = _DECODER.raw_decode(text, i)
+        except ValueError:
+            if whole:
+                return len(text), []
+            break
+        values += value if isinstance(value, list) else [value]
+    return head.start(), _as_calls(values, known) or []
+
+
+def _skip_gap(text: str, i: int) -> int:
+    gap = _GAP.match(text, i)
+    return gap.end() if gap else i
+
+
+def _could_open(line: str) -> bool:
+    """Whether `line` (a line start to the end of the text so far) could still grow into
+    the head of an untagged call."""
+    rest = line.lstrip(" \t")
+    if rest.startswith("```"):
+        fence = _FENCE_LINE.match(rest)
+        if fence is None:
+            return _FENCE_START.fullmatch(rest) is not None
+        rest = rest[fence.end() :]
+    elif "```".startswith(rest):
+        return True
+    return not rest or _BRACE_START.fullmatch(rest) is not None
+
+
+def _open_tail(text: str, sent: int) -> int:
+    """How many characters at the end of `text` (none before `sent`) could begin an
+    untagged call: a fence or an object begun at a line's start, not yet decided."""
+    start = text.rfind("\n", 0, sent) + 1  # the line that holds `sent`
+    while True:
+        if start >= sent and _could_open(text[start:]):
+            return len(text) - start
+        newline = text.find("\n", start)
+        if newline < 0:
+            return 0
+        start = newline + 1
+
+
 def until_repeat(calls: list[ToolCall]) -> list[ToolCall]:
     """The calls up to the first that repeats the one before it (same function, same
     arguments): a small model that says the same call again has stopped making progress,
@@ -335,7 +397,8 @@ def cut_calls(fmt: ToolFormat, text: str, names: Sequence[str]) -> list[ToolCall
     tail is dropped): whole <tool_call> blocks, or the whole items of a call array."""
     known = set(names)
     if fmt == "hermes":
-        return _hermes_calls(text, known)[0]
+        calls = _hermes_calls(text, known)[0]
+        return calls if calls or "<tool_call>" in text else _bare_calls(text, known, False)[1]
     body = text.strip()
     if fmt == "generic":
         head = re.match(r'\{\s*"tool_calls"\s*:\s*\[', body)
@@ -369,7 +432,10 @@ def parse(fmt: ToolFormat, text: str, names: Sequence[str]) -> Parsed:
         calls, whole = _hermes_calls(text, known)
         if not whole:
             return Parsed(text)
-        return Parsed(_HERMES.sub("", text).strip() if calls else text, calls)
+        if calls:
+            return Parsed(_HERMES.sub("", text).strip(), calls)
+        at, calls = _bare_calls(text, known)
+        return Parsed(text[:at].strip(), calls) if calls else Parsed(text)
     stripped = text.strip()
     if fmt == "mistral":
         body = stripped.removeprefix("[TOOL_CALLS]").strip()
@@ -406,6 +472,7 @@ class ReplyReader:
         self._text = ""
         self._sent = 0  # characters of _text passed on as content
         self._held = False
+        self._bare = False  # hermes: held at an untagged call's head
         self._scan = len(GENERIC_CONTENT)  # generic: where the answer's string is read to
         self._decoded = 0  # generic: characters of the answer passed on
         self._closed = False  # generic: the answer's string has ended
@@ -420,10 +487,14 @@ class ReplyReader:
         text = self._text
         if self.fmt == "hermes":
             at = text.find("<tool_call>", self._sent)
+            bare = _BARE_HEAD.search(text, max(self._sent - 1, 0))
+            if bare is not None and (at < 0 or bare.start() < at):
+                at, self._bare = bare.start(), True
             if at >= 0:
                 self._held = True
                 return self._take(at)
-            return self._take(len(text) - _partial_suffix(text, "<tool_call>"))
+            tail = max(_partial_suffix(text, "<tool_call>"), _open_tail(text, self._sent))
+            return self._take(len(text) - tail)
         start = text.lstrip()
         if not start:
             return ""
@@ -498,6 +569,8 @@ class ReplyReader:
                     return Parsed(answered[self._decoded :])
                 return Parsed(parsed.content)
             return Parsed(self._text[self._sent :])
+        if self._bare:  # what was held is the calls, in their fences
+            return Parsed("", parsed.calls)
         if self.fmt == "hermes":
             rest = _HERMES.sub("", self._text[self._sent :]).strip()
             if cut and "<tool_call>" in rest:  # a call it was writing: dropped

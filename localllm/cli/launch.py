@@ -132,7 +132,15 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             "ANTHROPIC_BASE_URL": base,
             "ANTHROPIC_AUTH_TOKEN": os.environ.get(KEY_ENV, "unused"),
             "ANTHROPIC_MODEL": model,
+            # what it asks for by tier (its background work asks for "haiku"); the last
+            # is the name Claude Code 1.x read
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
             "ANTHROPIC_SMALL_FAST_MODEL": model,
+            # it gives up on an answer with no event for 5 minutes (the least it allows)
+            # and asks again; a long prompt on a CPU can take longer than that to read
+            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000",
         }
         if args.dry:
             sys.stdout.write("".join(f"export {k}={v}\n" for k, v in claude_env.items()))

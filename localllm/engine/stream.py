@@ -94,12 +94,13 @@ class ChunkStream:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def _take(self, timeout: float | None) -> Any:
-        """The next item; `_TIMEOUT` if `timeout` seconds pass first."""
+    async def _take(self, timeout: float | None, eager: bool = False) -> Any:
+        """The next item; `_TIMEOUT` if `timeout` seconds pass first. Every chunk wakes
+        the reader when there is no timeout or when it is `eager`."""
         if not self._items:
             # Say whether a routine chunk should wake us, then look again: the worker
             # appends before it reads the flag, so one of the two sees the other.
-            self._eager = timeout is None
+            self._eager = timeout is None or eager
             if not self._items:
                 self._waiter = self._loop.create_future()
                 timer = None if timeout is None else self._loop.call_later(timeout, self._wake)
@@ -137,15 +138,16 @@ class ChunkStream:
         assert chunk is not None
         return chunk
 
-    async def next(self, timeout: float | None = None) -> Chunk | None:
+    async def next(self, timeout: float | None = None, eager: bool = False) -> Chunk | None:
         """The next chunk; None if `timeout` seconds pass first; StopAsyncIteration at the end.
 
-        With a timeout, chunks that arrive before it do not wake the reader (see above).
+        With a timeout, chunks that arrive before it do not wake the reader (see above),
+        unless it is `eager`.
         """
         if self._done:
             raise StopAsyncIteration
         await self.started()
-        item = await self._take(timeout)
+        item = await self._take(timeout, eager)
         if item is _TIMEOUT:
             return None
         if item is END:
@@ -153,21 +155,33 @@ class ChunkStream:
             raise StopAsyncIteration
         return item
 
-    async def deltas(self, due_in: Callable[[], float]) -> AsyncIterator[Delta]:
+    async def deltas(
+        self, due_in: Callable[[], float], quiet_s: float | None = None
+    ) -> AsyncIterator[Delta]:
         """The answer as typed deltas, at the reader's pace (as `batches` paces text): a
         delta comes when `due_in()` reaches 0 and something is there to say, the last one
         with the final chunk. Text held back (a think tag or a tool call in the making)
-        waits in the processor, not in the delta."""
+        waits in the processor, not in the delta. With `quiet_s`, an empty delta comes
+        whenever that long passes with nothing to say (a long prompt being read), so the
+        caller can show the client the answer is still coming."""
         await self.started()
         output = self.output
         assert output is not None
         pending = Delta()
+        said = time.monotonic()
         while True:
             if not pending.empty and not self._items and due_in() == 0.0:
                 yield pending
-                pending = Delta()
+                pending, said = Delta(), time.monotonic()
+            due = due_in()
+            if quiet_s is not None and not due and time.monotonic() - said >= quiet_s:
+                yield Delta()  # nothing for quiet_s seconds
+                said = time.monotonic()
             try:
-                chunk = await self.next(due_in() or None)
+                if due or quiet_s is None:
+                    chunk = await self.next(due or None)
+                else:  # woken by every chunk, and after quiet_s at the latest
+                    chunk = await self.next(max(said + quiet_s - time.monotonic(), 0.0), True)
             except StopAsyncIteration:
                 if not pending.empty:
                     yield pending
@@ -181,7 +195,7 @@ class ChunkStream:
             pending = pending + output.chunk(chunk)
             if pending.final is not None:
                 yield pending
-                pending = Delta()
+                pending, said = Delta(), time.monotonic()
 
     async def collect(self, wake_s: float) -> Delta:
         """The whole answer as one delta. Tokens do not wake this reader one by one (it

@@ -5,7 +5,10 @@ The first piece goes out at once; after that, at most one frame every `interval_
 (deltas that arrive meanwhile share a frame). Each frame costs the client a JSON parse,
 and on a machine whose cores all decode, that work comes out of the model's time; a
 frame every 20 ms is still smooth to a reader. A failure after the first frame ends the
-body with the API's own error frame.
+body with the API's own error frame. While nothing is said for KEEP_ALIVE_S (a long
+prompt being read on a CPU takes minutes), a keep-alive frame goes out where the API has
+one: Node's HTTP client, which Claude Code and other agents use, drops a body that sends
+nothing for 300 s, and then sends the whole request again.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from localllm.engine.stream import ChunkStream
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 SSE_DONE = b"data: [DONE]\n\n"
+KEEP_ALIVE_S = 10.0
+SSE_COMMENT = b": keep-alive\n\n"  # a comment line: every SSE reader skips it
 
 
 def sse(payload: dict[str, Any]) -> bytes:
@@ -47,10 +52,12 @@ async def paced(
     on_error: Callable[[Exception], bytes],
     head: Iterable[bytes] = (),
     tail: Iterable[bytes] = (),
+    keep_alive: bytes | None = None,
     clock: Callable[[], float] = time.monotonic,
 ) -> AsyncGenerator[bytes, None]:
     """`head`, then the frames `encode` makes of each delta, then `tail` (also after an
-    error frame). An `encode` that has nothing to say for a delta returns no frames."""
+    error frame). An `encode` that has nothing to say for a delta returns no frames.
+    `keep_alive` goes out after each KEEP_ALIVE_S with nothing to say."""
     last_sent = float("-inf")
 
     def due_in() -> float:
@@ -59,7 +66,11 @@ async def paced(
     for frame in head:
         yield frame
     try:
-        async for delta in stream.deltas(due_in):
+        quiet_s = KEEP_ALIVE_S if keep_alive is not None else None
+        async for delta in stream.deltas(due_in, quiet_s):
+            if keep_alive is not None and delta.empty and delta.final is None:
+                yield keep_alive
+                continue
             for frame in encode(delta):
                 yield frame
             last_sent = clock()

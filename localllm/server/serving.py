@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
@@ -18,6 +19,7 @@ from localllm.engine.request import Request as EngineRequest
 from localllm.engine.request import Started
 from localllm.engine.stream import ChunkStream
 from localllm.errors import ClientLeft
+from localllm.server import framing
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,53 @@ async def start(request: Request, req: EngineRequest) -> tuple[ChunkStream, Star
     finally:
         watcher.cancel()
     return stream, started
+
+
+async def start_streamed(
+    request: Request,
+    req: EngineRequest,
+    answer: Callable[[ChunkStream, Started], StreamingResponse],
+    *,
+    keep_alive: bytes,
+    on_error: Callable[[Exception], bytes],
+) -> StreamingResponse:
+    """A streamed answer's response, made by `answer` once the prompt is accepted. An error
+    within KEEP_ALIVE_S keeps its status, as with `start`; a prompt that takes longer to
+    read (minutes on a CPU) gets the response's headers then and `keep_alive` frames until
+    it is accepted, so that a client with a header or idle timeout (Node's: 300 s) does
+    not give up and send it again; an error after that is `on_error`'s frame."""
+    stream = engine_of(request).submit(req)
+    waiting = asyncio.ensure_future(stream.started())
+    watcher = asyncio.create_task(cancel_on_disconnect(stream, request))
+    try:
+        await asyncio.wait({waiting}, timeout=framing.KEEP_ALIVE_S)
+        if waiting.done():
+            return answer(stream, waiting.result())
+    except BaseException:
+        waiting.cancel()
+        stream.cancel()
+        raise
+    finally:
+        watcher.cancel()
+
+    async def later() -> AsyncIterator[bytes]:
+        try:
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=framing.KEEP_ALIVE_S)
+                if not waiting.done():
+                    yield keep_alive
+            try:
+                response = answer(stream, waiting.result())
+            except Exception as exc:
+                yield on_error(exc)
+                return
+            async for frame in response.body_iterator:
+                yield frame if isinstance(frame, bytes) else str(frame).encode()
+        finally:
+            waiting.cancel()
+            stream.cancel()
+
+    return framing.streaming(later())
 
 
 async def collect(stream: ChunkStream, request: Request) -> Delta:

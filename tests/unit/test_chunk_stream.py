@@ -47,3 +47,38 @@ async def test_text_before_an_end_without_a_final_chunk_is_not_lost() -> None:
     stream.feed(END)
     pieces = [d.text async for d in stream.deltas(lambda: 30.0)]
     assert "".join(pieces) == "xyz"
+
+
+async def test_a_quiet_reader_hears_that_the_answer_is_still_coming() -> None:
+    stream = ChunkStream(asyncio.get_running_loop(), threading.Event())
+    stream.feed(Started(model="m", prompt_tokens=3))
+    go = threading.Event()
+
+    def worker() -> None:  # a prompt being read until the reader has heard twice
+        go.wait(10)
+        stream.feed(Chunk("a", (1,)))
+        stream.feed(Chunk("b", (2,), finish_reason="stop"))
+        stream.feed(END)
+
+    threading.Thread(target=worker).start()
+    seen: list[str] = []
+    async for delta in stream.deltas(lambda: 0.0, quiet_s=0.05):
+        seen.append(delta.text)
+        if seen.count("") == 2:
+            go.set()
+    first = next(i for i, text in enumerate(seen) if text)
+    assert seen[:2] == ["", ""] and "" not in seen[first:] and "".join(seen) == "ab"
+
+
+async def test_a_quiet_reader_is_still_woken_by_each_token() -> None:
+    stream = ChunkStream(asyncio.get_running_loop(), threading.Event())
+    stream.feed(Started(model="m", prompt_tokens=3))
+    threading.Timer(0.05, lambda: stream.feed(Chunk("a", (1,)))).start()
+
+    async def first() -> str:
+        async for delta in stream.deltas(lambda: 0.0, quiet_s=60.0):
+            return delta.text
+        return ""
+
+    # a reader that slept until its next beat would not see the token within the guard
+    assert await asyncio.wait_for(first(), timeout=20) == "a"

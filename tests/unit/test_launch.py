@@ -49,7 +49,13 @@ def test_print_changes_nothing(home: Path, capsys: pytest.CaptureFixture):
     config = json.loads(shown.split("\n", 1)[1])
     assert config["provider"]["localllm"]["options"]["baseURL"] == "http://127.0.0.1:8642/v1"
     assert main(["launch", "claude", "--print"]) == 0
-    assert "export ANTHROPIC_BASE_URL=http://127.0.0.1:8642\n" in capsys.readouterr().out
+    shown = capsys.readouterr().out
+    assert "export ANTHROPIC_BASE_URL=http://127.0.0.1:8642\n" in shown
+    # every tier it asks for names the local model (its background work asks for haiku),
+    # and an answer may take longer than its 5-minute idle bound to start
+    for tier in ("OPUS", "SONNET", "HAIKU"):
+        assert f"export ANTHROPIC_DEFAULT_{tier}_MODEL=starter\n" in shown
+    assert "export CLAUDE_STREAM_IDLE_TIMEOUT_MS=1800000\n" in shown
 
 
 def test_opencode_keeps_other_providers(home: Path):

@@ -208,6 +208,7 @@ LONDON = '{"name": "get_weather", "arguments": {"city": "London"}}'
     ("hermes", f"<tool_call>\n{PARIS}\n</tool_call>\n<tool_call>\n{LONDON}\n</tool_call>\n"
                '<tool_call>\n{"name": "get_'),
     ("mistral", "[TOOL_CALLS][" + PARIS + ", " + LONDON + ', {"name": '),
+    ("hermes", f"```json\n{PARIS}\n```\n```json\n{LONDON}\n```\n```json\n" + '{"name": "get_'),
 ])
 def test_a_reply_cut_by_its_limit_keeps_the_calls_it_finished(fmt: str, text: str):
     parsed = read(fmt, text, cut=True)
@@ -239,3 +240,52 @@ def test_one_call_unless_parallel_is_asked():
     several = tools.lark_grammar("generic", spec("required", parallel=True), str)
     assert '"maxItems": 1' in single
     assert f'"maxItems": {tools.MAX_PARALLEL_CALLS}' in several
+
+
+def stream(text: str, names: list[str], size: int = 3) -> tuple[list[str], tools.Parsed]:
+    """`text` fed to a Hermes reader a few characters at a time: what it passed on at each
+    piece, and what it gave at the end."""
+    reader = ReplyReader("hermes", names)
+    shown = [reader.feed(text[i : i + size]) for i in range(0, len(text), size)]
+    return shown, reader.close()
+
+
+# Qwen2.5-Coder-1.5B-Instruct's reply to Codex CLI's "create hello.txt" request
+# (2026-12-06, .ci/clients.py): its call without <tool_call> tags, in a json fence
+CODER_CALL = (
+    "```json\n{\n"
+    '  "name": "exec_command",\n'
+    '  "arguments": {\n    "cmd": "echo \'hello from localllm\' > hello.txt",\n'
+    '    "shell": "bash"\n  }\n}\n```'
+)
+
+
+def test_an_untagged_hermes_call_in_a_fence_is_a_call():
+    parsed = tools.parse("hermes", CODER_CALL, ["exec_command"])
+    assert parsed.content == "" and [c.name for c in parsed.calls] == ["exec_command"]
+    assert json.loads(parsed.calls[0].arguments)["cmd"].startswith("echo")
+    shown, rest = stream("I will write it.\n" + CODER_CALL, ["exec_command"])
+    assert "".join(shown) + rest.content == "I will write it.\n"  # no JSON reaches the text
+    assert [c.name for c in rest.calls] == ["exec_command"]
+    # bare, without a fence, and two calls, each in its fence
+    assert len(tools.parse("hermes", PARIS, ["get_weather"]).calls) == 1
+    two = f"```json\n{PARIS}\n```\n\n```json\n{LONDON}\n```\n"
+    shown, rest = stream(two, ["get_weather"])
+    assert "".join(shown) == "" and len(rest.calls) == 2
+
+
+def test_json_that_is_not_an_offered_call_stays_text_and_is_all_passed_on():
+    for text in [
+        CODER_CALL,  # a function that was not offered
+        CODER_CALL + "\nThis writes the file.",  # prose after it: an example, not a call
+        '```json\n{"name": "Ada", "age": 36}\n```',
+        "```python\nprint({'name': 1})\n```\nDone.",
+        '{"city": "Oslo"}\n{"name"',
+        "Use ``` for code.\n`x` and {braces}\n",
+    ]:
+        for size in (1, 3, 1000):
+            shown, rest = stream(text, ["get_weather"], size)
+            assert "".join(shown) + rest.content == text and rest.calls == []
+    # a fence of another language is passed on as soon as its first line says so
+    shown, _ = stream("```python\nprint(1)\n", ["get_weather"], 1)
+    assert "".join(shown).startswith("```python\n")

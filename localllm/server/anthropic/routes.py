@@ -24,11 +24,21 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from localllm.backends.base import Chunk, Message, SamplingParams, ToolCall
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
+from localllm.engine.request import Started
+from localllm.engine.stream import ChunkStream
 from localllm.server.anthropic.schemas import CountBody, MessagesBody
 from localllm.server.errors import stream_error
 from localllm.server.framing import paced, sse_event, streaming
 from localllm.server.media import off_loop, prefetch
-from localllm.server.serving import collect, engine_of, interval, settings_of, start, who
+from localllm.server.serving import (
+    collect,
+    engine_of,
+    interval,
+    settings_of,
+    start,
+    start_streamed,
+    who,
+)
 
 router = APIRouter()
 
@@ -89,9 +99,9 @@ async def messages(body: MessagesBody, request: Request) -> JSONResponse | Strea
         template_vars=body.template_vars(),
         **who(request),
     )
-    stream, started = await start(request, req)
     message_id = f"msg_{uuid.uuid4().hex[:24]}"
     if not body.stream:
+        stream, started = await start(request, req)
         answer = await collect(stream, request)
         assert answer.final is not None
         content: list[dict[str, Any]] = []
@@ -113,24 +123,33 @@ async def messages(body: MessagesBody, request: Request) -> JSONResponse | Strea
                 "usage": _usage(answer.final),
             }
         )
-    head: dict[str, Any] = {
-        "id": message_id,
-        "type": "message",
-        "role": "assistant",
-        "model": started.model,
-        "content": [],
-        "stop_reason": None,
-        "stop_sequence": None,
-        "usage": {"input_tokens": started.prompt_tokens, "output_tokens": 0},
-    }
-    frames = paced(
-        stream,
-        _Blocks().encode,
-        interval_s=interval(request),
-        on_error=lambda exc: sse_event("error", stream_error(exc, "/v1/messages")),
-        head=(sse_event("message_start", {"type": "message_start", "message": head}),),
-    )
-    return streaming(frames)
+    ping = sse_event("ping", {"type": "ping"})  # as Anthropic's API sends while it works
+
+    def streamed(stream: ChunkStream, started: Started) -> StreamingResponse:
+        head: dict[str, Any] = {
+            "id": message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": started.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": started.prompt_tokens, "output_tokens": 0},
+        }
+        frames = paced(
+            stream,
+            _Blocks().encode,
+            interval_s=interval(request),
+            on_error=failed,
+            head=(sse_event("message_start", {"type": "message_start", "message": head}),),
+            keep_alive=ping,
+        )
+        return streaming(frames)
+
+    def failed(exc: Exception) -> bytes:
+        return sse_event("error", stream_error(exc, "/v1/messages"))
+
+    return await start_streamed(request, req, streamed, keep_alive=ping, on_error=failed)
 
 
 class _Blocks:

@@ -12,14 +12,15 @@ from localllm.engine.client import EngineClient
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
 from localllm.engine.request import Started
+from localllm.engine.stream import ChunkStream
 from localllm.models import projector
 from localllm.server.errors import stream_error
-from localllm.server.framing import SSE_DONE, paced, sse, streaming
+from localllm.server.framing import SSE_COMMENT, SSE_DONE, paced, sse, streaming
 from localllm.server.media import off_loop, prefetch
 from localllm.server.model_facts import capabilities, damage_of, meta_of
 from localllm.server.openai import shapes
 from localllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from localllm.server.serving import collect, engine_of, interval, start, who
+from localllm.server.serving import collect, engine_of, interval, start, start_streamed, who
 from localllm.server.wire import now as wire_now
 
 router = APIRouter()
@@ -32,35 +33,53 @@ async def _respond(
     kind: type[shapes.Shapes],
 ) -> JSONResponse | StreamingResponse:
     """Run a request; answer with one JSON body or an SSE stream in `kind`'s wire shape."""
-    stream, started = await start(request, req)
-    out = kind(started.model, started.prompt_tokens, logprobs=req.params.logprobs is not None)
-    if started.dropped_messages:
-        out.truncated = {
-            "dropped_messages": started.dropped_messages,
-            "prompt_tokens_before": started.prompt_tokens_before,
-        }
-    if started.fallback_from is not None:
-        out.fallback = fallback_field(started)
-    if started.quota_max_tokens is not None:  # the key's quota for today cut the limit
-        out.quota = {"max_tokens": started.quota_max_tokens}
     blank = body.prompt_only()  # llama-server's n_predict 0: the prompt is read, no answer
+
+    def shaped(started: Started) -> shapes.Shapes:
+        logprobs = req.params.logprobs is not None
+        out = kind(started.model, started.prompt_tokens, logprobs=logprobs)
+        if started.dropped_messages:
+            out.truncated = {
+                "dropped_messages": started.dropped_messages,
+                "prompt_tokens_before": started.prompt_tokens_before,
+            }
+        if started.fallback_from is not None:
+            out.fallback = fallback_field(started)
+        if started.quota_max_tokens is not None:  # the key's quota for today cut the limit
+            out.quota = {"max_tokens": started.quota_max_tokens}
+        return out
+
     if not body.stream:
+        stream, started = await start(request, req)
         whole = await collect(stream, request)
+        out = shaped(started)
         return JSONResponse(shapes.whole(out, Delta(final=whole.final) if blank else whole))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
 
-    def encode(delta: Delta) -> list[bytes]:
-        delta = Delta(final=delta.final) if blank else delta
-        return [sse(f) for f in shapes.frames(out, delta, include_usage=include_usage)]
+    def answer(stream: ChunkStream, started: Started) -> StreamingResponse:
+        out = shaped(started)
 
-    frames = paced(
-        stream,
-        encode,
-        interval_s=interval(request),
-        on_error=lambda exc: sse(stream_error(exc)),
-        tail=(SSE_DONE,),
+        def encode(delta: Delta) -> list[bytes]:
+            delta = Delta(final=delta.final) if blank else delta
+            return [sse(f) for f in shapes.frames(out, delta, include_usage=include_usage)]
+
+        frames = paced(
+            stream,
+            encode,
+            interval_s=interval(request),
+            on_error=lambda exc: sse(stream_error(exc)),
+            tail=(SSE_DONE,),
+            keep_alive=SSE_COMMENT,
+        )
+        return streaming(frames)
+
+    return await start_streamed(
+        request,
+        req,
+        answer,
+        keep_alive=SSE_COMMENT,
+        on_error=lambda exc: sse(stream_error(exc)) + SSE_DONE,
     )
-    return streaming(frames)
 
 
 @router.post("/v1/chat/completions", response_model=None)

@@ -23,9 +23,11 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from localllm.backends.base import Message, SamplingParams
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
+from localllm.engine.request import Started
+from localllm.engine.stream import ChunkStream
 from localllm.errors import InvalidRequest, LocalLLMError
 from localllm.server.errors import stream_error
-from localllm.server.framing import paced, sse_event, streaming
+from localllm.server.framing import SSE_COMMENT, paced, sse_event, streaming
 from localllm.server.media import off_loop, prefetch
 from localllm.server.responses.output import Answer, item_id
 from localllm.server.responses.schemas import (
@@ -38,7 +40,15 @@ from localllm.server.responses.schemas import (
     messages_of,
 )
 from localllm.server.responses.store import ResponseStore
-from localllm.server.serving import collect, engine_of, interval, settings_of, start, who
+from localllm.server.serving import (
+    collect,
+    engine_of,
+    interval,
+    settings_of,
+    start,
+    start_streamed,
+    who,
+)
 
 router = APIRouter()
 _ITEMS = pydantic.TypeAdapter(list[Item])
@@ -142,8 +152,6 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
         {"type": "function", **f, "strict": f.get("strict", False)}
         for f in (req.tools.functions() if req.tools else [])
     ]
-    stream, started = await start(request, req)
-    answer = Answer(started.model, started.prompt_tokens, _echo(body, offered), body.namespaces())
     own = _with_ids(dumped(items))
 
     def keep(response: dict[str, Any]) -> None:
@@ -151,18 +159,14 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
             chain = dumped(earlier) + own + response["output"]
             store_of(request).put(response, own, chain)
 
+    def answer_for(started: Started) -> Answer:
+        return Answer(started.model, started.prompt_tokens, _echo(body, offered), body.namespaces())
+
     if not body.stream:
-        response = answer.whole(await collect(stream, request))
+        stream, started = await start(request, req)
+        response = answer_for(started).whole(await collect(stream, request))
         await asyncio.to_thread(keep, response)
         return JSONResponse(response)
-
-    finished: list[dict[str, Any]] = []  # the whole response, once the last delta is framed
-
-    def encode(delta: Delta) -> list[bytes]:
-        events = answer.frame(delta)
-        if delta.final is not None:
-            finished.append(answer.body())
-        return [sse_event(e["type"], e) for e in events]
 
     def failed(exc: Exception) -> bytes:
         error = stream_error(exc)["error"]
@@ -177,19 +181,38 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
             },
         )
 
-    head = [sse_event(e["type"], e) for e in answer.head()]
-    paced_frames = paced(stream, encode, interval_s=interval(request), on_error=failed, head=head)
+    def streamed(stream: ChunkStream, started: Started) -> StreamingResponse:
+        answer = answer_for(started)
+        finished: list[dict[str, Any]] = []  # the whole response, once its last delta is framed
 
-    async def frames() -> AsyncIterator[bytes]:
-        # stored (off the event loop) before the client reads response.completed, so a
-        # request continuing from it at once finds it
-        async with contextlib.aclosing(paced_frames):  # a client that leaves cancels it
-            async for frame in paced_frames:
-                if finished:
-                    await asyncio.to_thread(keep, finished.pop())
-                yield frame
+        def encode(delta: Delta) -> list[bytes]:
+            events = answer.frame(delta)
+            if delta.final is not None:
+                finished.append(answer.body())
+            return [sse_event(e["type"], e) for e in events]
 
-    return streaming(frames())
+        head = [sse_event(e["type"], e) for e in answer.head()]
+        paced_frames = paced(
+            stream,
+            encode,
+            interval_s=interval(request),
+            on_error=failed,
+            head=head,
+            keep_alive=SSE_COMMENT,
+        )
+
+        async def frames() -> AsyncIterator[bytes]:
+            # stored (off the event loop) before the client reads response.completed, so a
+            # request continuing from it at once finds it
+            async with contextlib.aclosing(paced_frames):  # a client that leaves cancels it
+                async for frame in paced_frames:
+                    if finished:
+                        await asyncio.to_thread(keep, finished.pop())
+                    yield frame
+
+        return streaming(frames())
+
+    return await start_streamed(request, req, streamed, keep_alive=SSE_COMMENT, on_error=failed)
 
 
 @router.post("/v1/responses/input_tokens")
