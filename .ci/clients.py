@@ -315,7 +315,8 @@ NOTES = "## Notes from the runs"  # what follows this heading in the file is kep
 
 
 def write(outcomes: list[Outcome], model: str, ctx: int, path: Path) -> None:
-    """The table of this run, above whatever notes the file already holds."""
+    """The table of this run, above whatever notes the file already holds; the rows of
+    clients and tasks this run did not try are kept from the table before."""
     when = datetime.date.today().isoformat()
     tasks = "; ".join(f'{t.name}: "{t.prompt}"' for t in TASKS.values())
     lines = [
@@ -327,14 +328,16 @@ def write(outcomes: list[Outcome], model: str, ctx: int, path: Path) -> None:
         "cleanly and its final answer says the word (reply) or the file holds the line "
         '(file). "requests" is what the server\'s access log saw. The replayed request '
         "bodies of these and other clients are tested in `tests/clients/` on every run of "
-        "the suite.",
+        "the suite. A row of a client or task that a run (`--only`, `--tasks`) left out is "
+        "kept from the run before.",
         "",
         "| client | version | task | done | seconds | requests the server saw | answer |",
         "|---|---|---|---|---:|---|---|",
     ]
     for o in outcomes:
         said = o.answer.strip() or " ".join(o.output.strip().splitlines()[-2:])
-        said = " ".join(said.split())[-160:].replace("|", "\\|")
+        said = " ".join(said.split())[-160:].replace("|", "\\|").replace("<", "&lt;")
+        said = said.replace("`", "\\`")  # text as the client printed it, not markup
         more = f" ... ({len(o.requests)} in all)" if len(o.requests) > 6 else ""
         asked = ", ".join(o.requests[:6]) + more
         lines.append(
@@ -342,6 +345,11 @@ def write(outcomes: list[Outcome], model: str, ctx: int, path: Path) -> None:
             f"{o.seconds:.0f} | {asked or 'none'} | {said} |"
         )
     old = path.read_text() if path.exists() else ""
+    ran = {(o.client, o.task.name) for o in outcomes}
+    for row in old.split(NOTES)[0].splitlines():
+        cells = [c.strip() for c in row.split("|")]
+        if len(cells) == 9 and cells[1] in PACKAGES and (cells[1], cells[3]) not in ran:
+            lines.append(row)  # a client or task this run left out keeps its last row
     kept = old[old.index(NOTES) :] if NOTES in old else NOTES + "\n"
     path.write_text("\n".join(lines) + "\n\n" + kept)
 
