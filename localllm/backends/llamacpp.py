@@ -7,7 +7,8 @@ decodes all of them in one `llama_decode` per step (`step`), each sampled by its
 native sampler chain (one request alone: engine/single.py). The tokens in each
 sequence's KV are remembered, so a prompt that extends them (the next turn of a
 chat) is prefilled only past the shared prefix, and a prefix another sequence holds
-is copied (`seq_copy`) instead of computed again.
+is copied (`seq_copy`) instead of computed again. Drafting for another model and
+scoring text are in llamacpp_draft.py.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import ctypes
 import dataclasses
 import hashlib
 import importlib.util
-import itertools
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
@@ -39,17 +39,13 @@ from localllm.backends.base import (
     Scales,
     SeqWork,
     default_n_ctx,
-    global_scales,
 )
 from localllm.backends.common import (
     BATCH,
     KVLedger,
-    batch_bounds,
     chat_tokens,
-    check_scoring,
-    pick_logprobs,
-    reusable_prefix,
 )
+from localllm.backends.llamacpp_draft import DraftAndScoring
 from localllm.backends.llamacpp_embed import Embedder, rank_layout, rank_row
 from localllm.backends.llamacpp_lora import Loras
 from localllm.backends.llamacpp_media import Projector
@@ -86,7 +82,7 @@ class LlamaCppBackend:
         return LlamaCppModel(ref, options)
 
 
-class LlamaCppModel:
+class LlamaCppModel(DraftAndScoring):
     """A GGUF model and its context. Not thread-safe: the engine worker is its only user."""
 
     def __init__(self, ref: ModelRef, options: LoadOptions) -> None:
@@ -293,23 +289,7 @@ class LlamaCppModel:
             variables=variables,
         )
 
-    # -- generation ----------------------------------------------------------------
-    def _decode(self, tokens: Sequence[int], should_stop: Callable[[], bool]) -> bool:
-        """Evaluate tokens after the cached ones (see common.ALIGN); False when cancelled."""
-        ll = self._ll
-        start = len(self._kv.tokens)
-        for lo, hi in itertools.pairwise(batch_bounds(start, len(tokens))):
-            if lo and should_stop():
-                return False
-            part = tokens[lo:hi]
-            arr = (ll.llama_token * len(part))(*part)
-            rc = ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, len(part)))
-            if rc != 0:
-                self._reset_kv()
-                raise LocalLLMError(f"llama_decode failed with code {rc} at prompt token {lo}")
-            self._kv.evaluated(part, start, lo, hi)
-        return True
-
+    # -- the KV cache of each sequence ----------------------------------------------
     def _reset_kv(self, seq: int = 0) -> None:
         self._ll.llama_memory_seq_rm(self._mem, seq, -1, -1)
         self._kvs[seq].clear()
@@ -458,106 +438,6 @@ class LlamaCppModel:
     def undump_kv(self, tokens: Sequence[int], data: bytes) -> KVSnapshot:
         return KVSnapshot(tuple(tokens), len(data), data)
 
-    def _decode_one(self, tok: int) -> None:
-        ll, one = self._ll, self._one
-        one[0] = tok
-        rc = ll.llama_decode(self._ctx, ll.llama_batch_get_one(one, 1))
-        if rc != 0:
-            self._reset_kv()
-            raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
-        self._kv.tokens.append(tok)
-
-    def exact_batches(self) -> bool:
-        if self._exact is None:
-            self._exact = self._probe_batches()
-            log.info("%s: batched logits exact: %s", self.info.id, self._exact)
-        return self._exact
-
-    def _probe_batches(self) -> bool:
-        """Evaluate two tokens after the cache, alone and as a batch; compare the logits."""
-        import numpy as np
-
-        ll, base = self._ll, len(self._kv.tokens)
-        pair = [*self.tokenize("Hello world"), 0, 0][:2]
-        if base + 2 > self.info.n_ctx:
-            return False
-        n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
-        self._decode_one(pair[0])
-        alone = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, -1), (n_vocab,)).copy()
-        self._truncate(base)
-        batch = ll.llama_batch_init(2, 0, 1)
-        try:
-            for i, t in enumerate(pair):
-                batch.token[i], batch.pos[i] = t, base + i
-                batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = 1, 0, True
-            batch.n_tokens = 2
-            rc = ll.llama_decode(self._ctx, batch)
-        finally:
-            ll.llama_batch_free(batch)
-        self._kv.tokens.extend(pair)
-        if rc != 0:
-            self._truncate(base)
-            return False
-        together = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, 0), (n_vocab,))
-        exact = bool(np.array_equal(alone, together))
-        self._truncate(base)
-        return exact
-
-    def draft_greedy(self, context: Sequence[int], n: int) -> list[int]:
-        """Greedy tokens after `context`, reusing the cached prefix (this model as a draft)."""
-        ll = self._ll
-        # the last context token is evaluated again, for its logits
-        self._truncate(reusable_prefix(self._kv.tokens, context[:-1]))
-        if not self._decode(context[len(self._kv.tokens) :], lambda: False):
-            return []
-        out: list[int] = []
-        room = self.info.n_ctx - len(self._kv.tokens)
-        vocab_n = int(ll.llama_vocab_n_tokens(self._vocab))
-        for _ in range(min(n, room)):
-            logits = ll.llama_get_logits_ith(self._ctx, -1)
-            best = _argmax(logits, vocab_n)
-            out.append(best)
-            if len(out) < n:
-                self._decode_one(best)
-        return out
-
-    # -- scoring (perplexity) ------------------------------------------------------
-    def logprobs(self, tokens: Sequence[int], *, start: int = 1) -> list[float]:
-        import numpy as np
-
-        ll = self._ll
-        check_scoring(len(tokens), start, self.info.n_ctx)
-        self._clear_all()
-        self.use_adapters(global_scales(self.adapters))
-        n_batch = min(self.info.n_ctx, 512)
-        n_vocab = int(ll.llama_vocab_n_tokens(self._vocab))
-        batch = ll.llama_batch_init(n_batch, 0, 1)
-        out: list[float] = []
-        try:
-            for lo in range(0, len(tokens) - 1, n_batch):
-                part = tokens[lo : min(lo + n_batch, len(tokens) - 1)]
-                wanted = 0
-                for i, tok in enumerate(part):
-                    pos = lo + i
-                    batch.token[i], batch.pos[i] = tok, pos
-                    batch.n_seq_id[i], batch.seq_id[i][0] = 1, 0
-                    batch.logits[i] = pos >= start - 1  # the logits that predict tokens[start:]
-                    wanted += pos >= start - 1
-                batch.n_tokens = len(part)
-                rc = ll.llama_decode(self._ctx, batch)
-                if rc != 0:
-                    raise LocalLLMError(f"llama_decode failed with code {rc} at token {lo}")
-                if wanted:
-                    logits = np.ctypeslib.as_array(
-                        ll.llama_get_logits(self._ctx), (wanted, n_vocab)
-                    )
-                    first = max(lo + 1, start)
-                    out.extend(pick_logprobs(logits, tokens[first : lo + len(part) + 1]))
-        finally:
-            ll.llama_batch_free(batch)
-            self._clear_all()
-        return out
-
     # -- embeddings ----------------------------------------------------------------
     def embed(
         self,
@@ -614,9 +494,3 @@ class LlamaCppModel:
         if getattr(self, "_model", None):
             ll.llama_model_free(self._model)
             self._model = None
-
-
-def _argmax(logits: Any, n: int) -> int:
-    import numpy as np
-
-    return int(np.argmax(np.ctypeslib.as_array(logits, (n,))))
