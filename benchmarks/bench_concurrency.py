@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import Server, machine
+from benchmarks.common import Server, machine, same_kernels
 from localllm.models.starter import starter_path
 
 THREADS = 2
@@ -68,8 +68,7 @@ class LlamaServer(Server):
         cmd = [self.binary, "-m", MODEL["path"] or str(starter_path()), "--port", str(self.port)]
         cmd += ["-t", str(THREADS), "-tb", str(THREADS)]
         cmd += ["-c", str(CTX * PARALLEL), "-np", str(PARALLEL)]
-        # the same kernels as localllm on a CPU with AMX (see backends/llamacpp.py)
-        return [*cmd, "--no-repack", *args]
+        return [*cmd, *same_kernels(), *args]
 
 
 def stream(base: str, path: str, body: dict[str, Any]) -> Result:

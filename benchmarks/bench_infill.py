@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import Server, machine
+from benchmarks.common import Server, machine, same_kernels
 from localllm.models.starter import starter_path
 from tests.gguf_fixtures import copy_with_metadata
 from tests.server.test_infill import CHUNKS, FIM_KEYS
@@ -68,7 +68,7 @@ class LlamaServer(Server):
             str(CTX),
             "-np",
             "1",
-            "--no-repack",
+            *same_kernels(),
             *args,
         ]
 

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 import psutil
 
-from benchmarks.common import Server, machine
+from benchmarks.common import Server, machine, same_kernels
 from localllm.models.starter import starter_path
 from tests.remote_engines import LlamaCppServer
 
@@ -45,7 +45,7 @@ ENGINE_CORES = {0}
 
 
 class LlamaServer(Server):
-    """llama.cpp's server: 8 slots of 1,024 tokens, the backend's kernels (--no-repack)."""
+    """llama.cpp's server: 8 slots of 1,024 tokens, the backend's kernels."""
 
     def __init__(self, binary: str, threads: int = THREADS) -> None:
         self.binary = binary
@@ -55,7 +55,7 @@ class LlamaServer(Server):
     def command(self, *args: str) -> list[str]:
         t = str(self.threads)
         return [self.binary, "-m", str(starter_path()), "--port", str(self.port),
-                "-t", t, "-tb", t, "-c", str(1024 * SLOTS), "-np", str(SLOTS), "--no-repack",
+                "-t", t, "-tb", t, "-c", str(1024 * SLOTS), "-np", str(SLOTS), *same_kernels(),
                 *args]
 
 

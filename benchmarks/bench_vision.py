@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_concurrency import Result, stream
-from benchmarks.common import Server, machine
+from benchmarks.common import Server, machine, same_kernels
 from localllm.models.starter import starter_path
 
 THREADS = 2
@@ -41,7 +41,7 @@ class LlamaServer(Server):
     def command(self, *args: str) -> list[str]:
         cmd = [self.binary, "-m", str(starter_path()), "--mmproj", str(self.mmproj)]
         cmd += ["--port", str(self.port), "-t", str(THREADS), "-tb", str(THREADS)]
-        return [*cmd, "-c", "16384", "-np", "4", "--no-repack", *args]
+        return [*cmd, "-c", "16384", "-np", "4", *same_kernels(), *args]
 
 
 def picture(seed: int) -> str:

@@ -32,6 +32,14 @@ def machine() -> str:
     )
 
 
+def same_kernels() -> list[str]:
+    """llama-server's flag for the weights' buffers localllm uses on this CPU: plain CPU
+    buffers where it has AMX (backends/llamacpp.py), the repacked ones elsewhere."""
+    from localllm.backends.llamacpp_native import has_amx
+
+    return ["--no-repack"] if has_amx() else []
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

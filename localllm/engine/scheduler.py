@@ -77,6 +77,7 @@ class Scheduler:
         self._steps = 0
         self._turn = 0  # which set of adapters steps next, when requests want several
         self._tags = [""] * model.n_seq  # the adapters each sequence's KV was computed under
+        self.changes = 0  # requests added, started and ended so far (the worker's status)
 
     # -- the queue ---------------------------------------------------------------------
     @property
@@ -89,6 +90,11 @@ class Scheduler:
         if len(self.active) < self.model.n_seq or self._stalled() is not None:
             return self._startable()
         return False
+
+    @property
+    def ending(self) -> bool:
+        """Requests ended in the last step that have not heard so yet (flush tells them)."""
+        return bool(self._ended)
 
     @property
     def paused(self) -> int:
@@ -118,24 +124,11 @@ class Scheduler:
         self._arrivals += 1
         job.arrival = self._arrivals
         self.waiting.append(job)
+        self.changes += 1
 
     def progress(self) -> list[dict[str, Any]]:
         """Each running request, for /health and `localllm ps` (read from other threads)."""
-        rows = []
-        for r in list(self.active.values()):
-            rows.append(
-                {
-                    "seq": r.seq,
-                    "state": "prefill" if r.prefilling else "paused" if r.held else "decode",
-                    "prompt_tokens": len(r.prompt),
-                    "prefilled": r.done,
-                    "cached": r.cached,
-                    "generated": r.generated,
-                    "priority": "high" if r.high else "normal",
-                    "deterministic": r.exact,
-                }
-            )
-        return rows
+        return [r.row() for r in list(self.active.values())]
 
     def cancel_all(self, error: LocalLLMError) -> None:
         """End every request with an error (the model is going away)."""
@@ -148,6 +141,7 @@ class Scheduler:
     def flush(self) -> None:
         """Tell the requests that ended that they have (after a step: see Engine._run)."""
         ended, self._ended = self._ended, []
+        self.changes += len(ended)
         for job, item in ended:
             job.end(item)
 
@@ -227,6 +221,7 @@ class Scheduler:
             adapters=adm.adapters,
             pictures=has_media(prompt),
         )
+        self.changes += 1
 
     # -- one step ----------------------------------------------------------------------
     def step(self) -> None:

@@ -57,6 +57,19 @@ class Running:
         late = bound is not None and time.perf_counter() - (self.t_first or self.t0) > bound
         return self.generated >= self.limit or (late and "\n" in text)
 
+    def row(self) -> dict[str, Any]:
+        """Its progress, for /health and `localllm ps` (read from other threads)."""
+        return {
+            "seq": self.seq,
+            "state": "prefill" if self.prefilling else "paused" if self.held else "decode",
+            "prompt_tokens": len(self.prompt),
+            "prefilled": self.done,
+            "cached": self.cached,
+            "generated": self.generated,
+            "priority": "high" if self.high else "normal",
+            "deterministic": self.exact,
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Admission:

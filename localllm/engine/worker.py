@@ -3,15 +3,15 @@ busy model's scheduler once per turn.
 
 Clients hand it jobs through the engine's façade (engine/engine.py). Prompts are read
 on two tokenizer threads, never here: a long or hostile prompt delays only the
-requests behind it, never the streams that are decoding. After each step and each load
-or unload the worker publishes a frozen `EngineStatus`, which is all other threads read.
+requests behind it, never the streams that are decoding. The worker publishes a frozen
+`EngineStatus`, which is all other threads read, after each load or unload, each job it
+takes and each step that starts or ends a request, and every 50 ms while tokens flow.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import logging
 import queue
 import threading
@@ -24,6 +24,7 @@ from typing import Any
 from localllm.backends.base import SamplingParams
 from localllm.config import Settings
 from localllm.engine.client import EngineStatus, LoadedRow, State, _frozen
+from localllm.engine.collection import CollectionPause
 from localllm.engine.lifecycle import Lifecycle, logged
 from localllm.engine.prompt import check_token_ids, end_markers, fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 
 IDLE_WAIT_MAX_S = 3600.0
 PAUSED_LOOK_S = 0.05  # how often an idle worker looks whether a paused stream may go on
+# while requests decode and none starts or ends, the status is published at most this often
+# (building it each step cost about a tenth of the engine's Python per token)
+STATUS_INTERVAL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +79,8 @@ class Worker:
         self._outstanding = 0
         self._lock = threading.Lock()
         self._status = EngineStatus(backend_preference=settings.backend)
+        self._status_due = 0.0  # when a step's status is next published without a change
+        self._status_changes = -1  # the schedulers' `changes` in the last status
         self._tokenizers = ThreadPoolExecutor(2, thread_name_prefix="localllm-tokenize")
         self.thread = threading.Thread(target=self._run, name="localllm-engine", daemon=True)
 
@@ -104,7 +110,8 @@ class Worker:
         return status
 
     def publish(self) -> None:
-        """On the worker: a new status snapshot, after each step and each load or unload."""
+        """On the worker: a new status snapshot, after each load or unload, each job taken
+        and the steps that `_publish_after_step` says."""
         rs = self.residency
         default = rs.default
         rows = []
@@ -242,12 +249,29 @@ class Worker:
         pause.hold()  # while any model decodes (see CollectionPause)
         for res in busy:
             self._step(res)
-        if not any(r.scheduler.busy for r in resident.values()):
+        still = any(r.scheduler.busy for r in resident.values())
+        if not still:
             pause.release()  # before the last request hears it has ended
-        self.publish()  # before the requests that ended hear so: they see themselves counted
+        self._publish_after_step(busy, idle=not still)
         for res in busy:
             res.scheduler.flush()
         return True
+
+    def _publish_after_step(self, stepped: list[Resident], *, idle: bool) -> None:
+        """A new status when a request started or ended (before the ended ones hear so:
+        they see themselves counted), when the worker is about to wait, and otherwise at
+        most every STATUS_INTERVAL_S: a reader sees tokens counted that recently."""
+        changes = sum(r.scheduler.changes for r in self.residency.resident.values())
+        now = time.monotonic()
+        if (
+            idle
+            or now >= self._status_due
+            or changes != self._status_changes
+            or any(r.scheduler.ending for r in stepped)
+        ):
+            self.publish()
+            self._status_due = now + STATUS_INTERVAL_S
+            self._status_changes = changes
 
     def _idle_wait(self) -> float:
         """Seconds to sleep while idle: until the next keep-alive expiry, at most an hour
@@ -408,28 +432,3 @@ class Worker:
 
 
 _NO_JOB: Any = object()
-
-
-class CollectionPause:
-    """No automatic cycle collection while a model decodes.
-
-    A full collection walks every object the process has while holding the GIL: in
-    the chat app (Textual's widgets, the endpoint, the model's bindings) that was
-    30-150 ms, every few answers, and decoding stops for all of it (the sampler runs
-    in Python between tokens). Reference counting still frees almost everything; the
-    cycles that wait are collected once no request is running, where a pause costs
-    nothing. If someone else turned collection off, it stays off.
-    """
-
-    def __init__(self) -> None:
-        self._held = False
-
-    def hold(self) -> None:
-        if not self._held and gc.isenabled():
-            gc.disable()
-            self._held = True
-
-    def release(self) -> None:
-        if self._held:
-            gc.enable()
-            self._held = False

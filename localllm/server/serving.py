@@ -64,19 +64,33 @@ def who(request: Request) -> dict[str, Any]:
     }
 
 
-async def start(request: Request, req: EngineRequest) -> tuple[ChunkStream, Started]:
-    """Submit a request and wait until its prompt is accepted (errors before the first
-    token keep their status; a client that leaves meanwhile cancels it)."""
+async def _accepted(
+    request: Request, req: EngineRequest, within: float | None
+) -> tuple[ChunkStream, asyncio.Future[Started]]:
+    """Submit a request and wait at most `within` seconds (None: as long as it takes) for
+    its prompt to be accepted: the stream, and its start (done, or still to come). An error
+    meanwhile is raised (it keeps its status); a client that leaves meanwhile cancels it."""
     stream = engine_of(request).submit(req)
+    waiting = asyncio.ensure_future(stream.started())
     watcher = asyncio.create_task(cancel_on_disconnect(stream, request))
     try:
-        started = await stream.started()
+        await asyncio.wait({waiting}, timeout=within)
+        if waiting.done():
+            waiting.result()
     except BaseException:
+        waiting.cancel()
         stream.cancel()
         raise
     finally:
         watcher.cancel()
-    return stream, started
+    return stream, waiting
+
+
+async def start(request: Request, req: EngineRequest) -> tuple[ChunkStream, Started]:
+    """Submit a request and wait until its prompt is accepted (errors before the first
+    token keep their status; a client that leaves meanwhile cancels it)."""
+    stream, waiting = await _accepted(request, req, None)
+    return stream, waiting.result()
 
 
 async def start_streamed(
@@ -92,19 +106,13 @@ async def start_streamed(
     read (minutes on a CPU) gets the response's headers then and `keep_alive` frames until
     it is accepted, so that a client with a header or idle timeout (Node's: 300 s) does
     not give up and send it again; an error after that is `on_error`'s frame."""
-    stream = engine_of(request).submit(req)
-    waiting = asyncio.ensure_future(stream.started())
-    watcher = asyncio.create_task(cancel_on_disconnect(stream, request))
-    try:
-        await asyncio.wait({waiting}, timeout=framing.KEEP_ALIVE_S)
-        if waiting.done():
+    stream, waiting = await _accepted(request, req, framing.KEEP_ALIVE_S)
+    if waiting.done():
+        try:
             return answer(stream, waiting.result())
-    except BaseException:
-        waiting.cancel()
-        stream.cancel()
-        raise
-    finally:
-        watcher.cancel()
+        except BaseException:
+            stream.cancel()
+            raise
 
     async def later() -> AsyncIterator[bytes]:
         try:
@@ -118,7 +126,8 @@ async def start_streamed(
                 yield on_error(exc)
                 return
             async for frame in response.body_iterator:
-                yield frame if isinstance(frame, bytes) else str(frame).encode()
+                assert isinstance(frame, bytes), "the routes' frames are bytes"
+                yield frame
         finally:
             waiting.cancel()
             stream.cancel()

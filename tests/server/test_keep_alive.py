@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 from collections.abc import Iterator
+from typing import Any
 
 import anthropic
 import httpx
+import httpx2
 import openai
 import pytest
 
@@ -88,25 +89,68 @@ def test_a_long_prompt_read_sends_keep_alives_then_the_answer(
     assert frames[-1].startswith(last)
 
 
+@dataclasses.dataclass
+class _Tap:
+    """What an SDK read of one answer (the bytes, as they came); the gate opens once
+    `beats` keep-alive frames came (the prompt is then read)."""
+
+    gate: Gate
+    beat: bytes
+    beats: int = 3
+    seen: bytes = b""
+
+    def client(self, http: Any) -> Any:
+        """An HTTP client of `http` (httpx, or httpx2 for the anthropic SDK) through the tap."""
+        tap = self
+
+        class Transport(http.BaseTransport):
+            inner = http.HTTPTransport()
+
+            def handle_request(self, request: Any) -> Any:
+                response = self.inner.handle_request(request)
+
+                class Stream(http.SyncByteStream):
+                    def __iter__(self) -> Iterator[bytes]:
+                        for piece in response.stream:
+                            tap.seen += piece
+                            if tap.seen.count(tap.beat) >= tap.beats:
+                                tap.gate.open()
+                            yield piece
+
+                    def close(self) -> None:
+                        response.close()
+
+                return http.Response(
+                    response.status_code,
+                    headers=response.headers,
+                    stream=Stream(),
+                    extensions=response.extensions,
+                )
+
+        return http.Client(transport=Transport(), timeout=30)
+
+
 @pytest.mark.parametrize("sdk", ["openai", "anthropic"])
 def test_the_official_sdks_read_a_stream_with_keep_alives(served: Served, sdk: str) -> None:
-    def open_later() -> None:
-        assert served.gate.held(timeout=20)
-        threading.Timer(0.3, served.gate.open).start()  # about six quiet intervals
-
-    threading.Thread(target=open_later).start()
     if sdk == "openai":
-        chat = openai.OpenAI(base_url=served.base + "/v1", api_key="x").chat.completions.create(
+        tap = _Tap(served.gate, b": keep-alive")
+        chat = openai.OpenAI(
+            base_url=served.base + "/v1", api_key="x", http_client=tap.client(httpx)
+        ).chat.completions.create(
             model="scripted", messages=[{"role": "user", "content": "Hi"}], stream=True
         )
         text = "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
     else:
-        client = anthropic.Anthropic(base_url=served.base, api_key="x")
+        tap = _Tap(served.gate, b"event: ping")
+        client = anthropic.Anthropic(
+            base_url=served.base, api_key="x", http_client=tap.client(httpx2)
+        )
         with client.messages.stream(
             model="scripted", max_tokens=32, messages=[{"role": "user", "content": "Hi"}]
         ) as stream:
             text = "".join(stream.text_stream)
     assert text == "Still here."
+    assert tap.seen.count(tap.beat) >= 3  # the SDK read past the keep-alives to the answer
 
 
 @pytest.mark.parametrize("served", [1], indirect=True)
