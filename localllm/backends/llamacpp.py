@@ -166,8 +166,21 @@ class LlamaCppModel(DraftAndScoring):
                 raise
             self.info = dataclasses.replace(self.info, media=self._projector.kinds)
             self.info.extra["mmproj"] = options.mmproj
+        self._warm_up()
         if options.progress is not None:
             options.progress(1.0)
+
+    def _warm_up(self) -> None:
+        """One step of two tokens, forgotten at once, as llama-server does at load: the
+        weights' pages are read in, the compute buffers and threads made, so the first
+        request does not pay for them (on a GPU: its kernels and libraries set up)."""
+        ll, vocab = self._ll, self._vocab
+        tokens = [t for t in (ll.llama_vocab_bos(vocab), ll.llama_vocab_eos(vocab)) if t >= 0]
+        arr = (ll.llama_token * 2)(*(tokens or [0]))
+        rc = ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, max(1, len(tokens))))
+        self._reset_kv(0)  # not llama_memory_clear: that writes the whole KV buffer
+        if rc != 0:
+            log.warning("%s: the warm-up step failed with code %d", self.info.id, rc)
 
     def _kv_bytes(self, model: Any, n_ctx: int, kv_type: str) -> int:
         """The KV cache llama.cpp allocates for n_ctx tokens (0: a cache of another kind)."""
