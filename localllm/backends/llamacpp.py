@@ -171,16 +171,26 @@ class LlamaCppModel(DraftAndScoring):
             options.progress(1.0)
 
     def _warm_up(self) -> None:
-        """One step of two tokens, forgotten at once, as llama-server does at load: the
-        weights' pages are read in, the compute buffers and threads made, so the first
-        request does not pay for them (on a GPU: its kernels and libraries set up)."""
-        ll, vocab = self._ll, self._vocab
-        tokens = [t for t in (ll.llama_vocab_bos(vocab), ll.llama_vocab_eos(vocab)) if t >= 0]
-        arr = (ll.llama_token * 2)(*(tokens or [0]))
-        rc = ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, max(1, len(tokens))))
-        self._reset_kv(0)  # not llama_memory_clear: that writes the whole KV buffer
-        if rc != 0:
-            log.warning("%s: the warm-up step failed with code %d", self.info.id, rc)
+        """A token read alone and two read as one batch, then forgotten, as llama-server
+        warms a model up at load: the weights' pages are read in and the compute buffers
+        and threads made (on a GPU: its kernels set up), so the first request does not pay
+        for them. For a model that generates, the two steps are `exact_batches`' probe,
+        whose answer speculative decoding asks for at its first draft: asked here, no
+        request waits for it (an embedding model or reranker just reads the two)."""
+        ll = self._ll
+        try:
+            if ll.llama_pooling_type(self._ctx) == ll.LLAMA_POOLING_TYPE_NONE:
+                self.exact_batches()
+            else:
+                vocab = self._vocab
+                pair = [ll.llama_vocab_bos(vocab), ll.llama_vocab_eos(vocab)]
+                tokens = [t for t in pair if t >= 0] or [0]
+                arr = (ll.llama_token * len(tokens))(*tokens)
+                ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, len(tokens)))
+        except Exception:  # the first request meets whatever is wrong, with its own error
+            log.warning("%s: the warm-up step failed", self.info.id, exc_info=True)
+        finally:
+            self._reset_kv(0)  # not llama_memory_clear: that writes the whole KV buffer
 
     def _kv_bytes(self, model: Any, n_ctx: int, kv_type: str) -> int:
         """The KV cache llama.cpp allocates for n_ctx tokens (0: a cache of another kind)."""

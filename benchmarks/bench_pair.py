@@ -1,0 +1,100 @@
+"""One stream and four streams, paired with llama-server on a noisy machine.
+
+bench_concurrency starts each server afresh for every round and measures each figure
+once a round; on a shared two-core VM whose speed moves by a third from minute to
+minute, that leaves a few samples per figure. Here both servers stay up side by side
+(idle, each costs the other nothing) and take turns request by request, so every
+sample of one has a sample of the other taken within seconds of it:
+
+- one stream: three 200-token greedy chat answers a turn; the decode rate after the
+  first token (tokens - 1 over the time from the first token to the last);
+- four streams: four concurrent 128-token chats; all their tokens over the wall time
+  (bench_concurrency's aggregate), and the slowest first token.
+
+The ratio of medians and the share of turns localllm won are printed for each.
+Set LLAMA_SERVER to llama-server's path (see bench_concurrency).
+Run: python -m benchmarks.bench_pair [--rounds 8] [--model PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import uuid
+from pathlib import Path
+from typing import Any
+
+from benchmarks.bench_concurrency import MODEL, PARALLEL, THREADS, LlamaServer, chat, concurrent
+from benchmarks.common import Server, machine
+
+
+def one_stream(base: str) -> list[float]:
+    """Decode rates of three answers (tokens/s after the first token)."""
+    rates = []
+    for _ in range(3):
+        salt = uuid.uuid4().hex[:8]
+        ask = f"({salt}) Write a long story about the sea."
+        r = chat(base, [{"role": "user", "content": ask}], 200)
+        if r.tokens > 1 and r.total > r.ttft:
+            rates.append((r.tokens - 1) / (r.total - r.ttft))
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--model", help="a GGUF file for both servers (default: the starter)")
+    args = parser.parse_args()
+    if args.model:
+        MODEL.update(path=str(Path(args.model).resolve()), id=Path(args.model).stem)
+    binary = os.environ.get("LLAMA_SERVER")
+    if not binary:
+        raise SystemExit("set LLAMA_SERVER to llama-server's path")
+    print(machine())
+    flags = ["--threads", str(THREADS), "--parallel", str(PARALLEL)]
+    flags += ["--model", MODEL["path"]] if MODEL["path"] else []
+    servers: dict[str, Any] = {}
+    try:
+        servers["localllm"] = Server(*flags)
+        servers["llama-server"] = LlamaServer(binary)
+        names = list(servers)
+        one: dict[str, list[float]] = {n: [] for n in names}
+        four: dict[str, list[float]] = {n: [] for n in names}
+        first: dict[str, list[float]] = {n: [] for n in names}
+        won = {"one": 0, "four": 0}
+        for rnd in range(args.rounds):
+            order = names if rnd % 2 == 0 else names[::-1]
+            turn_one: dict[str, float] = {}
+            turn_four: dict[str, float] = {}
+            for name in order:
+                base = servers[name].base
+                rates = one_stream(base)
+                one[name] += rates
+                turn_one[name] = statistics.median(rates)
+                agg, _, slowest = concurrent(base, uuid.uuid4().hex[:8])
+                four[name].append(agg)
+                first[name].append(slowest * 1000)
+                turn_four[name] = agg
+            won["one"] += turn_one["localllm"] >= turn_one["llama-server"]
+            won["four"] += turn_four["localllm"] >= turn_four["llama-server"]
+            print(rnd, {n: (round(turn_one[n], 1), round(turn_four[n], 1)) for n in names},
+                  flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+
+    def line(what: str, rows: dict[str, list[float]], wins: int | None) -> None:
+        a, b = (statistics.median(rows[n]) for n in names)
+        span = "  ".join(f"{n} {min(rows[n]):.1f}-{max(rows[n]):.1f}" for n in names)
+        tail = f", localllm ahead in {wins} of {args.rounds} turns" if wins is not None else ""
+        print(f"{what:34} {a:8.1f} {b:8.1f}  ratio {a / b:.3f}{tail}  ({span})")
+
+    print(f"\nmedians over {args.rounds} turns{'':12}{names[0]:>8} {names[1]:>8}")
+    line("one stream, decode tokens/s", one, won["one"])
+    line("four streams, aggregate tokens/s", four, won["four"])
+    line("four streams, slowest first token ms", first, None)
+
+
+if __name__ == "__main__":
+    main()
