@@ -179,6 +179,27 @@ def test_batched_logits_are_exact_for_the_starter(loaded: LoadedModel):
     assert loaded.kv_prefix() == before  # the probe leaves the cache as it was
 
 
+def test_a_llama_cpp_model_answers_the_probe_at_load_and_keeps_nothing_of_it(starter_ref):
+    """The warm-up at load is the probe (as llama-server warms up): the answer is there
+    before any request asks, and no sequence holds the warm-up's tokens."""
+    from localllm.backends.llamacpp import LlamaCppBackend
+
+    model = LlamaCppBackend().load(starter_ref, LoadOptions(n_threads=THREADS, n_ctx=512, n_seq=2))
+    try:
+        assert model._exact is True  # asked at load: exact_batches() decodes nothing more
+        assert model.seq_tokens(0) == [] and model.seq_tokens(1) == []
+        greedy = SamplingParams(temperature=0.0, max_tokens=8)
+        prompt = model.render_chat([Message("user", "Name a river.")])
+        first = [t for c in single.stream(model, prompt, greedy, should_stop=lambda: False)
+                 for t in c.tokens]
+        model.seq_keep(0, 0)
+        again = [t for c in single.stream(model, prompt, greedy, should_stop=lambda: False)
+                 for t in c.tokens]
+        assert first == again and len(first) == 8
+    finally:
+        model.close()
+
+
 def test_a_model_whose_batches_round_differently_gets_no_drafts(
     settings: Settings, store: ModelStore, starter_ref, tmp_path: Path
 ):
