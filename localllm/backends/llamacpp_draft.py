@@ -41,7 +41,6 @@ class DraftAndScoring:
     if TYPE_CHECKING:  # what the model itself provides
         _ll: LlamaApi
         _ctx: Any
-        _vocab: Any
         _kv: KVLedger
         _one: Any
         _exact: bool | None
@@ -79,9 +78,6 @@ class DraftAndScoring:
             raise LocalLLMError(f"llama_decode failed with code {rc} while generating")
         self._kv.tokens.append(tok)
 
-    def _n_vocab(self) -> int:
-        return int(self._ll.llama_vocab_n_tokens(self._vocab))
-
     def exact_batches(self) -> bool:
         if self._exact is None:
             self._exact = self._probe_batches()
@@ -94,7 +90,7 @@ class DraftAndScoring:
         pair = [*self.tokenize("Hello world"), 0, 0][:2]
         if base + 2 > self.info.n_ctx:
             return False
-        n_vocab = self._n_vocab()
+        n_vocab = self.info.n_vocab
         self._decode_one(pair[0])
         alone = np.ctypeslib.as_array(ll.llama_get_logits_ith(self._ctx, -1), (n_vocab,)).copy()
         self._truncate(base)
@@ -125,7 +121,7 @@ class DraftAndScoring:
             return []
         out: list[int] = []
         room = self.info.n_ctx - len(self._kv.tokens)
-        n_vocab = self._n_vocab()
+        n_vocab = self.info.n_vocab
         for _ in range(min(n, room)):
             logits = ll.llama_get_logits_ith(self._ctx, -1)
             best = int(np.argmax(np.ctypeslib.as_array(logits, (n_vocab,))))
@@ -144,7 +140,7 @@ class DraftAndScoring:
         self._clear_all()
         self.use_adapters(global_scales(self.adapters))
         n_batch = min(self.info.n_ctx, SCORING_BATCH)
-        n_vocab = self._n_vocab()
+        n_vocab = self.info.n_vocab
         batch = ll.llama_batch_init(n_batch, 0, 1)
         out: list[float] = []
         try:
