@@ -100,8 +100,13 @@ def stream(base: str, path: str, body: dict[str, Any]) -> Result:
 def chat(base: str, messages: list[dict[str, str]], max_tokens: int) -> Result:
     # plain greedy on both servers: a model's recommended penalty (the starter's 1.1)
     # would otherwise be applied by localllm alone
-    body = {"model": MODEL["id"], "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-            "repeat_penalty": 1.0}
+    body = {
+        "model": MODEL["id"],
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "repeat_penalty": 1.0,
+    }
     return stream(base, "/v1/chat/completions", body)
 
 
@@ -237,31 +242,40 @@ def mlx_rounds(rounds: int) -> None:
     print(f"median 4-stream aggregate / one stream on MLX: {statistics.median(ratios):.2f}x")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--mlx", action="store_true", help="the MLX backend, 4 vs 1 stream")
-    parser.add_argument("--model", help="a GGUF file for both servers (default: the starter)")
+def setup(parser: argparse.ArgumentParser, rounds: int) -> argparse.Namespace:
+    """`parser` with --rounds and --model, parsed; MODEL set, the machine printed."""
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--model", help="a GGUF file for the servers (default: the starter)")
     args = parser.parse_args()
     if args.model:
         MODEL.update(path=str(Path(args.model).resolve()), id=Path(args.model).stem)
+    print(machine())
+    return args
+
+
+def localllm_flags() -> list[str]:
+    """localllm's threads, slots and model, as llama-server gets them."""
+    flags = ["--threads", str(THREADS), "--parallel", str(PARALLEL)]
+    return flags + (["--model", MODEL["path"]] if MODEL["path"] else [])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mlx", action="store_true", help="the MLX backend, 4 vs 1 stream")
+    args = setup(parser, rounds=3)
     if args.mlx:
-        print(machine())
         mlx_rounds(args.rounds)
         return
     binary = os.environ.get("LLAMA_SERVER")
-    print(machine())
     names = ["localllm", "localllm --deterministic"] + (["llama-server"] if binary else [])
     rows: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for rnd in range(args.rounds):
         order = names if rnd % 2 == 0 else names[::-1]
         for name in order:
-            flags = ["--threads", str(THREADS), "--parallel", str(PARALLEL)]
-            flags += ["--model", MODEL["path"]] if MODEL["path"] else []
             server: Any = (
                 LlamaServer(str(binary))
                 if name == "llama-server"
-                else Server(*flags, *name.split()[1:])
+                else Server(*localllm_flags(), *name.split()[1:])
             )
             try:
                 # a fresh salt per run: nothing comes from an earlier run's cache

@@ -22,38 +22,36 @@ import argparse
 import os
 import statistics
 import uuid
-from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_concurrency import MODEL, PARALLEL, THREADS, LlamaServer, chat, concurrent
-from benchmarks.common import Server, machine
+from benchmarks.bench_concurrency import (
+    LlamaServer,
+    chat,
+    concurrent,
+    localllm_flags,
+    setup,
+    story,
+)
+from benchmarks.common import Server
 
 
-def one_stream(base: str) -> list[float]:
-    """Decode rates of three answers (tokens/s after the first token)."""
-    rates = []
+def one_stream(base: str) -> tuple[int, list[float]]:
+    """Tokens of three answers, and their decode rates (tokens/s after the first token)."""
+    tokens, rates = 0, []
     for _ in range(3):
-        salt = uuid.uuid4().hex[:8]
-        ask = f"({salt}) Write a long story about the sea."
-        r = chat(base, [{"role": "user", "content": ask}], 200)
+        r = chat(base, story("the sea", uuid.uuid4().hex[:8]), 200)
+        tokens += r.tokens
         if r.tokens > 1 and r.total > r.ttft:
             rates.append((r.tokens - 1) / (r.total - r.ttft))
-    return rates
+    return tokens, rates
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--rounds", type=int, default=8)
-    parser.add_argument("--model", help="a GGUF file for both servers (default: the starter)")
-    args = parser.parse_args()
-    if args.model:
-        MODEL.update(path=str(Path(args.model).resolve()), id=Path(args.model).stem)
+    args = setup(argparse.ArgumentParser(), rounds=8)
     binary = os.environ.get("LLAMA_SERVER")
     if not binary:
         raise SystemExit("set LLAMA_SERVER to llama-server's path")
-    print(machine())
-    flags = ["--threads", str(THREADS), "--parallel", str(PARALLEL)]
-    flags += ["--model", MODEL["path"]] if MODEL["path"] else []
+    flags = localllm_flags()
     servers: dict[str, Any] = {}
     try:
         servers["localllm"] = Server(*flags)
@@ -69,7 +67,7 @@ def main() -> None:
             turn_four: dict[str, float] = {}
             for name in order:
                 base = servers[name].base
-                rates = one_stream(base)
+                _, rates = one_stream(base)
                 one[name] += rates
                 turn_one[name] = statistics.median(rates)
                 agg, _, slowest = concurrent(base, uuid.uuid4().hex[:8])
@@ -78,8 +76,9 @@ def main() -> None:
                 turn_four[name] = agg
             won["one"] += turn_one["localllm"] >= turn_one["llama-server"]
             won["four"] += turn_four["localllm"] >= turn_four["llama-server"]
-            print(rnd, {n: (round(turn_one[n], 1), round(turn_four[n], 1)) for n in names},
-                  flush=True)
+            print(
+                rnd, {n: (round(turn_one[n], 1), round(turn_four[n], 1)) for n in names}, flush=True
+            )
     finally:
         for server in servers.values():
             server.stop()

@@ -182,11 +182,8 @@ class LlamaCppModel(DraftAndScoring):
             if ll.llama_pooling_type(self._ctx) == ll.LLAMA_POOLING_TYPE_NONE:
                 self.exact_batches()
             else:
-                vocab = self._vocab
-                pair = [ll.llama_vocab_bos(vocab), ll.llama_vocab_eos(vocab)]
-                tokens = [t for t in pair if t >= 0] or [0]
-                arr = (ll.llama_token * len(tokens))(*tokens)
-                ll.llama_decode(self._ctx, ll.llama_batch_get_one(arr, len(tokens)))
+                pair = [ll.llama_vocab_bos(self._vocab), ll.llama_vocab_eos(self._vocab)]
+                self._decode([t for t in pair if t >= 0] or [0], lambda: False)
         except Exception:  # the first request meets whatever is wrong, with its own error
             log.warning("%s: the warm-up step failed", self.info.id, exc_info=True)
         finally:

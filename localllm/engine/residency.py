@@ -25,6 +25,7 @@ from localllm.backends.base import (
     ModelRef,
 )
 from localllm.config import KV_CACHE_TYPES, Settings, lora_spec
+from localllm.engine import prompt
 from localllm.engine.lifecycle import Lifecycle, ModelHooks
 from localllm.engine.load_plan import Planner
 from localllm.engine.placement import Plan, plan, prepare
@@ -240,6 +241,7 @@ class Residency(Planner):
         res.profile = profile
         res.sampling = recommended(ref)
         res.scheduler = Scheduler(res.model, self._hooks(res))
+        prompt.warm(model)
         self.resident[ref.path] = res
         self.life.totals["loads"] += 1
         self.last_error = None

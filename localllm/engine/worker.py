@@ -5,7 +5,8 @@ Clients hand it jobs through the engine's façade (engine/engine.py). Prompts ar
 on two tokenizer threads, never here: a long or hostile prompt delays only the
 requests behind it, never the streams that are decoding. The worker publishes a frozen
 `EngineStatus`, which is all other threads read, after each load or unload, each job it
-takes and each step that starts or ends a request, and every 50 ms while tokens flow.
+takes and each step that starts or ends a request, and every STATUS_INTERVAL_S while
+tokens flow.
 """
 
 from __future__ import annotations

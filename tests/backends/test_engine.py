@@ -250,6 +250,18 @@ def test_prompts_are_rendered_and_tokenized_off_the_worker(engine: Engine, monke
     assert seen and all(name.startswith("localllm-tokenize") for name in seen), seen
 
 
+def test_the_chat_template_is_compiled_at_load_not_by_the_first_request(engine: Engine):
+    from localllm.backends import chat_template
+
+    chat_template._compile.cache_clear()
+    engine.load("starter")
+    assert chat_template._compile.cache_info().misses == 1  # the load's trial render
+    chunks = list(engine.generate(ask("Hi", max_tokens=2)))
+    assert chunks[-1].finish_reason == "length"
+    info = chat_template._compile.cache_info()
+    assert info.misses == 1 and info.hits >= 1  # the request found it compiled
+
+
 def test_the_context_grows_for_a_longer_prompt_or_num_ctx(engine: Engine):
     """Loaded with less than its trained context, an idle model is reloaded with a context
     that holds a longer prompt (a power of two), or what a request asks for (min_ctx)."""
