@@ -347,8 +347,9 @@ class KVStateful(Protocol):
         does not fit."""
         ...
 
-    def dump_kv(self, snapshot: KVSnapshot) -> bytes:
-        """A snapshot's payload as bytes, for the disk tier."""
+    def dump_kv(self, snapshot: KVSnapshot) -> bytes | memoryview:
+        """A snapshot's payload as bytes, for the disk tier (a view where the payload is
+        bytes already: the writer thread hashes and writes it as it is)."""
         ...
 
     def undump_kv(self, tokens: Sequence[int], data: bytes) -> KVSnapshot:

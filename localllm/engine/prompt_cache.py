@@ -16,19 +16,14 @@ the backend, the context size and the KV element type): another model or
 another context size never sees it. A state computed under LoRA adapters carries their
 tag (engine/adapters.py), and only a request under the same adapters reuses it. A disk
 entry carries a SHA-256 of its bytes; one that fails the check or does not load is
-deleted with a log line and the request runs cold.
+deleted with a log line and the request runs cold. The disk tier, and its writer thread
+that keeps the writes off a request's way, are in engine/kv_disk.py.
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import hashlib
-import json
 import logging
-import os
-import tempfile
-import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +31,7 @@ from pathlib import Path
 
 from localllm.backends.base import KVSnapshot, LoadedModel, ModelRef
 from localllm.backends.common import reusable_prefix as reusable
+from localllm.engine.kv_disk import DiskWriter, Shelf, covers, exact_n
 
 log = logging.getLogger(__name__)
 
@@ -73,11 +69,6 @@ def model_key(ref: ModelRef, model: LoadedModel, kv_type: str) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
-def _exact_n(state: KVSnapshot | _DiskEntry) -> int:
-    """How many leading tokens of a saved state are exactly reusable."""
-    return len(state.tokens) if state.canonical is None else state.canonical
-
-
 def _tokens_key(tokens: tuple[int, ...], tag: str = "") -> str:
     key = hashlib.sha256(",".join(map(str, tokens)).encode()).hexdigest()[:32]
     return f"{tag}-{key}" if tag else key
@@ -89,25 +80,12 @@ def _owner(mkey: str, tag: str) -> str:
 
 
 @dataclass(slots=True)
-class _DiskEntry:
-    tokens: tuple[int, ...]
-    path: Path  # the .kv file; its .json sidecar holds tokens, size and checksum
-    nbytes: int
-    used: float
-    canonical: int | None = None  # see KVSnapshot
-    tag: str = ""  # the LoRA adapters it was computed under ("": none)
-    finals: tuple[tuple[int, int], ...] = ()  # see KVSnapshot
-    size: int = 0  # the .kv file's bytes (summed after every step for /health: never a stat)
-
-
-@dataclass(slots=True)
 class _Slot:
     """One resident model as the cache sees it: its disk folder and the sequences whose
     live KV state is saved as it is."""
 
     model: LoadedModel
-    dir: Path | None
-    disk: dict[str, _DiskEntry] = field(default_factory=dict)
+    shelf: Shelf | None  # None: no disk tier
     live_saved: set[int] = field(default_factory=set)
     tags: dict[int, str] = field(default_factory=dict)  # seq -> its live state's adapters
 
@@ -131,16 +109,17 @@ class PromptCache:
         self.restored = 0
         self.shared = 0  # prefixes copied from another sequence's live state
         self.evicted = 0
+        self._writer = DiskWriter(disk_budget)
 
     # -- the models -------------------------------------------------------------------
     def attach(self, model: LoadedModel, key: str) -> None:
         """Serve `model` (identity `key`); its disk states are indexed the first time."""
         slot = self._slots.get(key)
         if slot is None or slot.model is not model:
-            folder = self.disk_root / key if self.disk_root is not None else None
-            slot = self._slots[key] = _Slot(model, folder)
-            if folder is not None:
-                self._index_disk(slot)
+            shelf = Shelf(self.disk_root / key) if self.disk_root is not None else None
+            slot = self._slots[key] = _Slot(model, shelf)
+            if shelf is not None:
+                shelf.index()
 
     def release(self, key: str) -> None:
         """A model is unloading: save its live states (to RAM and disk), then forget the
@@ -150,6 +129,7 @@ class PromptCache:
             return
         try:
             self.park_live(key)
+            self._writer.flush()
         finally:
             del self._slots[key]
 
@@ -163,6 +143,7 @@ class PromptCache:
         slot = self._slots.get(key)
         if slot is None:
             return
+        self._writer.take_written()
         model = slot.model
         self.lookups += 1
         live = model.seq_tokens(seq)
@@ -180,10 +161,10 @@ class PromptCache:
                 n = reusable(saved.exact_tokens if exact else saved.tokens, prompt, exact=exact)
                 if n > best_n:
                     best_n, source = n, f"ram:{k}"
-        for k, entry in slot.disk.items():
+        for k, entry in slot.shelf.entries.items() if slot.shelf is not None else ():
             if entry.tag != tag:
                 continue
-            usable = entry.tokens[: _exact_n(entry)] if exact else entry.tokens
+            usable = entry.tokens[: exact_n(entry)] if exact else entry.tokens
             n = reusable(usable, prompt, exact=exact)
             if n > best_n and n >= DISK_MIN_REUSE:
                 best_n, source = n, f"disk:{k}"
@@ -200,7 +181,11 @@ class PromptCache:
                 self.shared += 1
                 slot.live_saved.discard(seq)
             return
-        snap = self._ram.get((mine, name)) if kind == "ram" else self._read_disk(slot, name)
+        if kind == "ram":
+            snap = self._ram.get((mine, name))
+        else:
+            assert slot.shelf is not None
+            snap = slot.shelf.read(name, model)
         if snap is not None and model.load_kv(snap, seq):
             self.restored += 1
             slot.live_saved.add(seq)
@@ -243,13 +228,11 @@ class PromptCache:
         slot.live_saved.add(seq)
         # a saved prefix of the new state is redundant: the new one answers all it could
         for (owner, old_key), old in list(self._ram.items()):
-            covered = snap.tokens[: len(old.tokens)] == old.tokens and _exact_n(old) <= _exact_n(
-                snap
-            )
-            if owner == mkey and covered:
+            if owner == mkey and covers(snap, old):
                 del self._ram[(owner, old_key)]
         self._put_ram((mkey, key), snap)
-        self._write_disk(slot, key, snap, tag)
+        if slot.shelf is not None:
+            self._writer.write(slot.shelf, slot.model, key, snap, tag)
 
     def _put_ram(self, key: tuple[str, str], snap: KVSnapshot) -> None:
         self._ram[key] = snap
@@ -258,113 +241,6 @@ class PromptCache:
             self._ram.popitem(last=False)
             self.evicted += 1
 
-    # -- disk -------------------------------------------------------------------------
-    def _index_disk(self, slot: _Slot) -> None:
-        assert slot.dir is not None
-        try:
-            sidecars = list(slot.dir.glob("*.json"))
-        except OSError:
-            return
-        for side in sidecars:
-            try:
-                meta = json.loads(side.read_text(encoding="utf-8"))
-                tokens = tuple(int(t) for t in meta["tokens"])
-                path = side.with_suffix(".kv")
-                canonical = meta.get("canonical")
-                st = path.stat()
-                slot.disk[side.stem] = _DiskEntry(
-                    tokens,
-                    path,
-                    int(meta["nbytes"]),
-                    st.st_mtime,
-                    None if canonical is None else int(canonical),
-                    str(meta.get("tag") or ""),
-                    tuple((int(a), int(b)) for a, b in meta.get("finals") or ()),
-                    st.st_size,
-                )
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("dropping unreadable prompt-cache entry %s: %s", side.name, exc)
-                self._delete(slot, side.stem)
-
-    def _read_disk(self, slot: _Slot, key: str) -> KVSnapshot | None:
-        entry = slot.disk.get(key)
-        if entry is None or slot.dir is None:
-            return None
-        try:
-            data = entry.path.read_bytes()
-            meta = json.loads(entry.path.with_suffix(".json").read_text(encoding="utf-8"))
-            if len(data) != int(meta["size"]) or hashlib.sha256(data).hexdigest() != meta["sha256"]:
-                raise ValueError(f"{len(data)} bytes that do not match their checksum")
-            snap = dataclasses.replace(
-                slot.model.undump_kv(entry.tokens, data),
-                canonical=entry.canonical,
-                finals=entry.finals,
-            )
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("dropping corrupt prompt-cache entry %s: %s", entry.path.name, exc)
-            self._delete(slot, key)
-            return None
-        with contextlib.suppress(OSError):
-            os.utime(entry.path)  # recently used: the disk cap evicts by age
-        return snap
-
-    def _write_disk(self, slot: _Slot, key: str, snap: KVSnapshot, tag: str) -> None:
-        folder = slot.dir
-        if folder is None or key in slot.disk:
-            return
-        try:
-            data = slot.model.dump_kv(snap)
-            if len(data) > self.disk_budget:
-                return
-            folder.mkdir(parents=True, exist_ok=True)
-            meta = {
-                "tokens": list(snap.tokens),
-                "nbytes": snap.nbytes,
-                "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(),
-                "canonical": snap.canonical,
-                "finals": [list(f) for f in snap.finals],
-                "tag": tag,
-                "created": time.time(),
-            }
-            for suffix, blob in ((".kv", data), (".json", json.dumps(meta).encode())):
-                fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(blob)
-                os.replace(tmp, folder / f"{key}{suffix}")  # the sidecar last: it makes it count
-        except OSError as exc:
-            log.warning("could not write a prompt-cache entry: %s", exc)
-            return
-        path = folder / f"{key}.kv"
-        entry = _DiskEntry(
-            snap.tokens, path, snap.nbytes, time.time(), snap.canonical, tag, snap.finals, len(data)
-        )
-        slot.disk[key] = entry
-        for old_key, old in list(slot.disk.items()):
-            superseded = snap.tokens[: len(old.tokens)] == old.tokens and _exact_n(old) <= _exact_n(
-                snap
-            )
-            if old_key != key and old.tag == tag and superseded:
-                self._delete(slot, old_key)  # superseded by the longer state
-        self._trim_disk(slot)
-
-    def _trim_disk(self, slot: _Slot) -> None:
-        by_age = sorted(slot.disk.items(), key=lambda kv: kv[1].used)
-        total = sum(e.size for e in slot.disk.values())
-        for key, entry in by_age:
-            if total <= self.disk_budget:
-                break
-            total -= entry.size
-            self._delete(slot, key)
-
-    def _delete(self, slot: _Slot, key: str) -> None:
-        slot.disk.pop(key, None)
-        if slot.dir is None:
-            return
-        for suffix in (".json", ".kv"):
-            with contextlib.suppress(OSError):
-                (slot.dir / f"{key}{suffix}").unlink()
-
     # -- figures ----------------------------------------------------------------------
     @property
     def ram_bytes(self) -> int:
@@ -372,7 +248,7 @@ class PromptCache:
 
     @property
     def disk_bytes(self) -> int:
-        return sum(e.size for slot in self._slots.values() for e in slot.disk.values())
+        return sum(slot.shelf.bytes for slot in self._slots.values() if slot.shelf is not None)
 
     def stats(self) -> dict[str, float]:
         """Figures for /health (read from another thread: retried if a dict moves under it)."""
@@ -388,7 +264,9 @@ class PromptCache:
             "ram_entries": len(self._ram),
             "ram_bytes": self.ram_bytes,
             "ram_budget_bytes": self.ram_budget,
-            "disk_entries": sum(len(slot.disk) for slot in self._slots.values()),
+            "disk_entries": sum(
+                len(slot.shelf.entries) for slot in self._slots.values() if slot.shelf is not None
+            ),
             "disk_bytes": self.disk_bytes,
             "disk_budget_bytes": self.disk_budget if self.disk_root is not None else 0,
             "requests": self.lookups,

@@ -251,7 +251,7 @@ def test_follow_up_and_restored_states_give_exactly_the_cold_output(loaded: Load
     assert generated(restored) == generated(cold)
     assert cached(restored) == len(snapshot.tokens)
 
-    data = loaded.dump_kv(snapshot)  # through bytes, as the disk tier keeps it
+    data = bytes(loaded.dump_kv(snapshot))  # through bytes, as the disk tier writes them
     again = loaded.undump_kv(snapshot.tokens, data)
     run(loaded, loaded.tokenize("Zebra crossing"), GREEDY)
     assert loaded.load_kv(again)

@@ -165,6 +165,39 @@ def test_restart_finds_the_conversation_on_disk(tmp_path: Path, cold: Engine):
         again.close()
 
 
+def test_a_request_does_not_wait_for_the_state_it_parks_to_reach_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The disk write of a parked conversation happens on the cache's writer thread: the
+    next conversation is answered while that write is still held back, and shutdown
+    waits for it, so a restart finds the state."""
+    import threading
+
+    from localllm.engine import kv_disk
+
+    gate, writing = threading.Event(), threading.Event()
+    real = kv_disk._write_files
+
+    def held(job: object) -> bool:
+        writing.set()
+        gate.wait(120)
+        return real(job)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kv_disk, "_write_files", held)
+    engine = make(tmp_path, prompt_cache_disk_mb=256)
+    try:
+        ask(engine, conversation("rivers", 1))
+        tokens, final = ask(engine, conversation("deserts", 1))  # parks "rivers"
+        assert writing.wait(60) and final.finish_reason == "length" and len(tokens) == 8
+        assert not gate.is_set() and disk_files(tmp_path) == []  # answered, nothing written
+        assert engine.cache.stats()["disk_entries"] == 0
+    finally:
+        gate.set()
+        engine.close()
+    assert len(disk_files(tmp_path)) == 2  # both conversations, whole, with their sidecars
+    assert len(list((tmp_path / "cache" / "kv").rglob("*.json"))) == 2
+
+
 def test_a_corrupt_disk_entry_is_dropped_and_the_answer_is_cold(
     tmp_path: Path, cold: Engine, caplog: pytest.LogCaptureFixture
 ):
