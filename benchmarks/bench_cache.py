@@ -9,6 +9,9 @@
     unrelated prompt before each turn), llama-cpp-python's `Llama` (one state, reused
     by longest prefix), and one conversation alone on localllm (the warm reference).
 (c) A follow-up after a restart of the engine, with and without the disk tier.
+(d) A new conversation in the one slot a ~2,800-token conversation held, which the
+    cache parks first (to RAM, and to disk when the disk tier is on): time to first
+    token, against the same after a short conversation.
 
 Starter model, two threads, greedy, 16 new tokens per answer, llama.cpp backend.
 
@@ -186,6 +189,22 @@ def part_c(root: Path) -> None:
               f"first token {ttft * 1000:.0f} ms")
 
 
+def part_d(root: Path) -> None:
+    new = [Message("user", "Name three rivers of Europe.")]
+    for disk_mb in (1024, 0):
+        e = engine(root / f"d-{disk_mb}", prompt_cache_disk_mb=disk_mb, parallel=1)
+        try:
+            ask(e, [Message("user", "Zebra crossing")])
+            _, after_short, _, _ = ask(e, new)
+            _, _, n_long, _ = ask(e, [Message("system", prefix_text(160)), *new])
+            _, after_long, _, _ = ask(e, new)
+        finally:
+            e.close()
+        label = "with the disk tier" if disk_mb else "without the disk tier"
+        print(f"(d) new conversation {label}: first token {after_long * 1000:.0f} ms after a "
+              f"{n_long}-token one, {after_short * 1000:.0f} ms after a short one")
+
+
 def main() -> None:
     print(f"Machine: {machine()}")
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
@@ -193,6 +212,7 @@ def main() -> None:
         part_a(root)
         part_b(root)
         part_c(root)
+        part_d(root)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 per model identity, each a `.kv` file of the backend's bytes and a `.json` sidecar (its
 tokens, sizes and a SHA-256 of the bytes), which is written last and makes it count.
 
-States are hashed and written on a writer thread of the tier's own: for a 2,750-token
-conversation of the starter (63 MB) that took 180 ms here, which a request waiting for
-the slot the conversation held would otherwise wait for. The writer touches only files
+States are hashed and written on a writer thread of the tier's own, at the idle
+scheduling class on Linux: for a 2,750-token conversation of the starter (63 MB) that
+took 180 ms here, which a request waiting for the slot the conversation held would
+otherwise wait for (benchmarks/bench_cache.py, part d). The writer touches only files
 and its two queues; the worker thread takes the finished writes into each folder's index
 (`take_written`, before each request) and waits for all of them when a model unloads
 (`flush`, and so at shutdown). Everything else here runs on the worker thread.
@@ -199,6 +200,11 @@ class DiskWriter:
         self.take_written()
 
     def _run(self) -> None:
+        # on Linux the writer takes only CPU time nothing else wants: on a machine whose
+        # cores all decode, a write at the same priority delayed the first token of the
+        # request that parked the state by 70-190 ms here (a 2,800-token state)
+        with contextlib.suppress(AttributeError, OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # type: ignore[attr-defined,unused-ignore]
         while True:
             job = self._writes.get()
             try:
