@@ -30,6 +30,30 @@ def test_endless_nested_loops_are_stopped(monkeypatch: pytest.MonkeyPatch):
     assert render("{{ messages[0]['content'] }}!") == "hi!"
 
 
+def test_renders_share_one_watchdog_thread(monkeypatch: pytest.MonkeyPatch):
+    """A thread started per render cost a request milliseconds while llama.cpp's threads
+    held the cores; one watcher thread serves every render, also renders at once."""
+    started: list[str] = []
+    real = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        started.append(self.name)
+        real(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    results: list[str] = []
+    echo = "{{ messages[0]['content'] }}"
+    renders = [threading.Thread(target=lambda: results.append(render(echo))) for _ in range(4)]
+    for t in renders:
+        real(t)
+    for t in renders:
+        t.join()
+    for _ in range(20):
+        assert render(echo) == "hi"
+    assert results == ["hi"] * 4
+    assert set(started) <= {"localllm-render-watch"} and len(started) <= 1
+
+
 def test_output_is_bounded(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(chat_template, "MAX_OUTPUT", 10_000)
     with pytest.raises(InvalidRequest) as err:
