@@ -73,8 +73,8 @@ class Localllm < Formula
   end
 
   resource "cryptography" do
-    url "https://files.pythonhosted.org/packages/9d/af/182eb91b0df3fe75c4d9f26fe70684569566745f6ba7e5c9c73a862c5252/cryptography-50.0.2.tar.gz"
-    sha256 "7b46165bb56eb4704e2eaaf86f3c940d19154535d9b0ca7d6d590b04060e00d5"
+    url "https://files.pythonhosted.org/packages/e5/a7/3c9b78fd33e9c264b88fb9233dba784eb3516c892386b404f93e4cb5c68b/cryptography-51.0.1.tar.gz"
+    sha256 "1f763c5bcb70bd3edcf94ba085ea576de3e1f8ca77703b7c06838a67762d7483"
   end
 
   resource "diskcache" do
@@ -120,6 +120,11 @@ class Localllm < Formula
   resource "httpcore2" do
     url "https://files.pythonhosted.org/packages/ae/c2/5ceabefc58023fb8d40d16f35e389d6ce1f0641e07852e20b10a17723ada/httpcore2-2.17.0.tar.gz"
     sha256 "cf652b1f8e892ada4ab189b395c444ca3afbea4cb9a05f9a8359431228c0d040"
+  end
+
+  resource "httptools" do
+    url "https://files.pythonhosted.org/packages/3a/ec/deed52912ab7ca6c0b12859330c571c60c61d7267b341b28951fcbf13694/httptools-0.9.0.tar.gz"
+    sha256 "d484ebb7e3a3f3597b0f645fbd1b85633674ca808c1f5ba11c2caf7c66f5c8b6"
   end
 
   resource "httpx" do
@@ -410,6 +415,11 @@ class Localllm < Formula
   resource "uvicorn" do
     url "https://files.pythonhosted.org/packages/60/32/ed1b49f4eca183639f1048bc48494c8e24386c865dce1357cd108d5871ea/uvicorn-0.55.0.tar.gz"
     sha256 "b65ae5f0f30cdcbc26a104b93d7d19723aa5f46fec3915a6c247d5795449331c"
+  end
+
+  resource "uvloop" do
+    url "https://files.pythonhosted.org/packages/fa/42/02c739ce85fb2ee8d99212c61417da8140c6b87e9d97c430bea520d76044/uvloop-0.23.0.tar.gz"
+    sha256 "28d160f51ab4da3b187063652e643dea6831072add4adc1e6d62afbe73b6be27"
   end
   # resources: end
 
