@@ -9,6 +9,9 @@ otherwise wait for (benchmarks/bench_cache.py, part d). The writer touches only 
 and its two queues; the worker thread takes the finished writes into each folder's index
 (`take_written`, before each request) and waits for all of them when a model unloads
 (`flush`, and so at shutdown). Everything else here runs on the worker thread.
+
+A writer that falls behind (the machine never idle) holds at most MAX_WAITING_BYTES of
+states; past that a state stays in RAM only, as it would with the disk tier off.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from typing import Any
 from localllm.backends.base import KVSnapshot, LoadedModel
 
 log = logging.getLogger(__name__)
+
+MAX_WAITING_BYTES = 512 * 1024 * 1024  # states queued for the writer, at most
 
 
 def exact_n(state: KVSnapshot | DiskEntry) -> int:
@@ -154,6 +159,7 @@ class DiskWriter:
         self._writes: queue.Queue[_Write] = queue.Queue()
         self._written: queue.Queue[_Write] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self.waiting = 0  # bytes queued and not yet taken back from the writer
 
     def write(self, shelf: Shelf, model: LoadedModel, key: str, snap: KVSnapshot, tag: str) -> None:
         """Send a state to disk unless it is there or on its way (or over the budget)."""
@@ -161,6 +167,15 @@ class DiskWriter:
             return
         data = model.dump_kv(snap)  # here: a backend's arrays stay on the worker thread
         if len(data) > self.budget:
+            return
+        if self.waiting + len(data) > MAX_WAITING_BYTES:
+            log.info(
+                "%d bytes of states wait for the disk (at most %d): a %d-token state is "
+                "kept in RAM only",
+                self.waiting,
+                MAX_WAITING_BYTES,
+                len(snap.tokens),
+            )
             return
         meta = {
             "tokens": list(snap.tokens),
@@ -176,6 +191,7 @@ class DiskWriter:
             snap.tokens, path, snap.nbytes, time.time(), snap.canonical, tag, snap.finals, len(data)
         )
         shelf.writing.add(key)
+        self.waiting += len(data)
         if self._thread is None:
             self._thread = threading.Thread(
                 target=self._run, name="localllm-cache-writer", daemon=True
@@ -191,6 +207,7 @@ class DiskWriter:
             except queue.Empty:
                 return
             job.shelf.writing.discard(job.key)
+            self.waiting -= job.entry.size
             if job.done:
                 job.shelf.add(job.key, job.entry, self.budget)
 

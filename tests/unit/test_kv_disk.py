@@ -1,0 +1,54 @@
+"""The prompt cache's disk writer (engine/kv_disk.py) as control flow: states go to disk
+off the worker thread, and a writer that falls behind holds a bounded amount of memory."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from localllm.backends.base import KVSnapshot
+from localllm.engine import kv_disk
+
+
+class Bytes:
+    """A stand-in model for the writer: its states' payloads are their bytes."""
+
+    def dump_kv(self, snapshot: KVSnapshot) -> bytes:
+        return bytes(snapshot.payload)
+
+
+def state(n: int, first: int) -> KVSnapshot:
+    return KVSnapshot(tuple(range(first, first + n)), nbytes=n, payload=bytes(n))
+
+
+def test_a_writer_that_falls_behind_keeps_the_next_states_in_ram_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    caplog.set_level(logging.INFO, logger="localllm.engine.kv_disk")
+    gate, writing = threading.Event(), threading.Event()
+    real = kv_disk._write_files
+
+    def held(job: Any) -> bool:
+        writing.set()
+        gate.wait(30)
+        return real(job)
+
+    monkeypatch.setattr(kv_disk, "_write_files", held)
+    monkeypatch.setattr(kv_disk, "MAX_WAITING_BYTES", 100)
+    writer, shelf = kv_disk.DiskWriter(budget=10_000), kv_disk.Shelf(tmp_path / "model")
+    writer.write(shelf, Bytes(), "first", state(80, 0), "")  # type: ignore[arg-type]
+    assert writing.wait(30)
+    writer.write(shelf, Bytes(), "second", state(80, 1000), "")  # type: ignore[arg-type]
+    assert shelf.writing == {"first"} and writer.waiting == 80
+    assert "80 bytes of states wait for the disk" in caplog.text
+    gate.set()
+    writer.flush()
+    assert set(shelf.entries) == {"first"} and writer.waiting == 0
+    assert sorted(p.name for p in shelf.dir.iterdir()) == ["first.json", "first.kv"]
+    writer.write(shelf, Bytes(), "second", state(80, 1000), "")  # type: ignore[arg-type]
+    writer.flush()  # caught up: the next state goes to disk again
+    assert set(shelf.entries) == {"first", "second"}
