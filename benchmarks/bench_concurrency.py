@@ -12,7 +12,9 @@ alternating order over `--rounds` rounds:
   next turn and the share of its prompt that came from the cache;
 - four conversations taking turns (six turns each, a ~1,000-token system prompt of
   their own): median time to the first token of turns 2-6;
-- a cold prompt of about 1,600 tokens: time to its first token.
+- a cold prompt of about 1,600 tokens: time to its first token;
+- the same chat request again (a client's retry, a regenerate at temperature 0): the
+  median time to the first token of three repeats.
 
 `--mlx` measures instead localllm on the MLX backend (the starter imported): four
 concurrent streams of 32 tokens against one stream alone.
@@ -191,6 +193,13 @@ def cold_prefill(base: str, salt: str) -> tuple[float, int]:
     return r.total, r.prompt_tokens
 
 
+def repeats(base: str, salt: str, times: int = 3) -> list[Result]:
+    """A short chat request, then the very same request `times` times more."""
+    messages = story(TOPICS[3], salt + "-again")
+    chat(base, messages, 32)
+    return [chat(base, messages, 32) for _ in range(times)]
+
+
 def measure(base: str, salt: str, *, concurrency: bool = True) -> dict[str, float]:
     figures: dict[str, float] = {}
     if concurrency:
@@ -209,6 +218,7 @@ def measure(base: str, salt: str, *, concurrency: bool = True) -> dict[str, floa
         figures["interleaved_ttft_ms"] = statistics.median(r.ttft for r in inter) * 1000
         figures["interleaved_prompt_tokens"] = statistics.median(r.prompt_tokens for r in inter)
     cold, n_cold = cold_prefill(base, salt)
+    again = repeats(base, salt)
     share = [r.cached / r.prompt_tokens for r in ups if r.prompt_tokens]
     return {
         **figures,
@@ -216,6 +226,7 @@ def measure(base: str, salt: str, *, concurrency: bool = True) -> dict[str, floa
         "followup_cached_share": statistics.median(share) if share else 0.0,
         "cold_prefill_s": cold,
         "cold_prompt_tokens": n_cold,
+        "repeat_ttft_ms": statistics.median(r.ttft for r in again) * 1000,
     }
 
 

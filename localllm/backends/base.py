@@ -283,6 +283,7 @@ class SeqWork:
     logits: int = 1
     exact: bool = False  # aligned prompt blocks that extend the exact prefix (deterministic)
     final: bool = False  # a prompt's last part, alone in its step (a rerun reads it again)
+    last: bool = False  # a prompt's last part: its logits are kept with the KV (seq_resume)
 
 
 class Drafter(Protocol):
@@ -414,6 +415,13 @@ class Batched(Protocol):
     def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
         """How much of `prompt` a rerun keeps so that it gets the logits the first run got
         (the first run's last batch is read again: common.KVLedger); len(prompt): all."""
+        ...
+
+    def seq_resume(self, seq: int, prompt: Sequence[int]) -> bool:
+        """When `seq` holds all of `prompt` and kept the logits its last token gave (the
+        run that read it), keep just the prompt and make those logits row 0 of `seq` for
+        `sample` and `logits` until the next step: a rerun samples its first token from
+        the numbers the first run sampled from, reading nothing. False: it cannot."""
         ...
 
     def seq_keep(self, seq: int, n: int) -> bool:

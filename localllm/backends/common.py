@@ -101,19 +101,25 @@ class KVLedger:
     step, kept while the cache holds that prompt (up to its last token, which a rerun
     reads again anyway): a rerun of that prompt reads the same batch again and gets the
     same logits (batched and one-token evaluation round differently), so a repeatable
-    request gives the same answer twice."""
+    request gives the same answer twice.
 
-    __slots__ = ("canonical", "finals", "tokens")
+    `kept` is the last prompt's end and the logits its last token gave (a backend's own
+    copy of the row), while the cache holds that prompt: a rerun samples from them and
+    reads nothing (`resume`). Only the live cache keeps them; a snapshot does not."""
+
+    __slots__ = ("canonical", "finals", "kept", "tokens")
 
     def __init__(self) -> None:
         self.tokens: list[int] = []  # generation appends to this list in place
         self.canonical = 0
         self.finals: list[tuple[int, int]] = []
+        self.kept: tuple[int, Any] | None = None
 
     def clear(self) -> None:
         self.tokens.clear()
         self.canonical = 0
         self.finals.clear()
+        self.kept = None
 
     def prefix(self) -> list[int]:
         """The exactly reusable tokens."""
@@ -134,6 +140,14 @@ class KVLedger:
                 return start
         return len(prompt)
 
+    def resume(self, prompt: Sequence[int]) -> Any | None:
+        """The logits kept for `prompt` when this cache holds all of it (its answer after
+        it, if any, is the caller's to cut); None when it holds another prompt."""
+        if self.kept is None or self.kept[0] != len(prompt):
+            return None
+        end, row = self.kept
+        return row if self.tokens[:end] == list(prompt) else None
+
     def evaluated(self, part: Sequence[int], start: int, lo: int, hi: int) -> None:
         """A prompt batch [start+lo, start+hi) went into the cache."""
         self.tokens.extend(part)
@@ -144,6 +158,8 @@ class KVLedger:
         del self.tokens[n:]
         self.canonical = min(self.canonical, n)
         self.finals[:] = [f for f in self.finals if f[1] <= n + 1]
+        if self.kept is not None and self.kept[0] > n:
+            self.kept = None
 
     def saved(self, nbytes: int, payload: Any) -> KVSnapshot:
         """A snapshot of this cache, its native state being `payload`."""
@@ -154,23 +170,30 @@ class KVLedger:
         self.tokens[:] = snapshot.tokens
         self.canonical = len(snapshot.exact_tokens)
         self.finals[:] = [f for f in snapshot.finals if f[1] <= len(self.tokens) + 1]
+        self.kept = None
 
-    def append(self, part: Sequence[int], *, exact: bool, final: bool = False) -> None:
+    def append(
+        self, part: Sequence[int], *, exact: bool, final: bool = False, row: Any = None
+    ) -> None:
         """A batched step evaluated `part` after the cache; with `exact`, a whole aligned
         block that a cold run evaluates the same way extends the canonical prefix; with
-        `final`, it read a prompt's last token alone in its step."""
+        `final`, it read a prompt's last token alone in its step; `row`: the logits that
+        token gave, kept for a rerun (`resume`)."""
         if exact and len(part) == ALIGN and self.canonical == len(self.tokens):
             self.canonical = extends_canonical(self.canonical, len(self.tokens), 0, ALIGN)
         if final:  # from the text after its last picture (a picture is read on its own)
             after = next((i + 1 for i in range(len(part) - 1, -1, -1) if part[i] < 0), 0)
             self.finals.append((len(self.tokens) + after, len(self.tokens) + len(part)))
         self.tokens.extend(part)
+        if row is not None:
+            self.kept = (len(self.tokens), row)
 
     def copied(self, other: KVLedger, n: int) -> None:
         """The cache now holds the first n tokens of another sequence's."""
         self.tokens[:] = other.tokens[:n]
         self.canonical = min(other.canonical, n)
         self.finals[:] = [f for f in other.finals if f[1] <= n + 1]
+        self.kept = other.kept if other.kept is not None and other.kept[0] <= n else None
 
 
 def check_scoring(n_tokens: int, start: int, n_ctx: int) -> None:

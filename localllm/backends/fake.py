@@ -165,6 +165,9 @@ class FakeModel:
     def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
         return len(prompt)  # every batch gives the same numbers here
 
+    def seq_resume(self, seq: int, prompt: Sequence[int]) -> bool:
+        return False  # no logits are kept: a request always reads its prompt's last token
+
     def seq_keep(self, seq: int, n: int) -> bool:
         del self._kv[seq][n:]
         return True

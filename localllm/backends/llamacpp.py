@@ -58,7 +58,7 @@ from localllm.backends.llamacpp_native import (
     load_quietly,
     native,
 )
-from localllm.backends.llamacpp_sampling import sampler_chain
+from localllm.backends.llamacpp_sampling import sample_row, sampler_chain
 from localllm.errors import InvalidRequest, LocalLLMError, ModelLoadError
 from localllm.hardware import physical_cores
 
@@ -149,6 +149,7 @@ class LlamaCppModel(DraftAndScoring):
         self._kv = self._kvs[0]  # the draft-model calls use sequence 0
         self._batch = ll.llama_batch_init(BATCH, 0, 1)
         self._rows: dict[int, list[int]] = {}  # seq -> its logits rows in the last step
+        self._resumed: dict[int, Any] = {}  # seq -> the kept logits it samples from (resume)
         self._exact: bool | None = None  # exact_batches(), probed once when first asked
         self._piece_cache: dict[int, bytes] = {}
         self._threads = threads
@@ -359,6 +360,13 @@ class LlamaCppModel(DraftAndScoring):
     def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
         return self._kvs[seq].reread(prompt)
 
+    def seq_resume(self, seq: int, prompt: Sequence[int]) -> bool:
+        row = self._kvs[seq].resume(prompt)
+        if row is None or not self._truncate(len(prompt), seq):
+            return False
+        self._resumed[seq] = row
+        return True
+
     def seq_keep(self, seq: int, n: int) -> bool:
         return self._truncate(n, seq)
 
@@ -385,6 +393,7 @@ class LlamaCppModel(DraftAndScoring):
 
     def step(self, work: Sequence[SeqWork]) -> None:
         ll, batch = self._ll, self._batch
+        self._resumed = {}
         if self._projector is not None and any(w.tokens and min(w.tokens) < 0 for w in work):
             try:
                 work = self._projector.read_pictures(self._ctx, self._batch, self._kvs, work)
@@ -419,13 +428,19 @@ class LlamaCppModel(DraftAndScoring):
                 self._reset_kv(w.seq)
             raise LocalLLMError(f"llama_decode failed with code {rc} in a batch of {i} tokens")
         for w in work:
-            self._kvs[w.seq].append(w.tokens, exact=w.exact, final=w.final)
+            out = self._rows.get(w.seq)
+            # a copy: sampling within a grammar rules tokens out of the context's row in place
+            row = self._logits_view(out[-1]).copy() if w.last and out else None
+            self._kvs[w.seq].append(w.tokens, exact=w.exact, final=w.final, row=row)
 
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
         history = [t for t in history if t >= 0]  # no penalty reads a picture's stand-ins
         return sampler_chain(self._ll, self._vocab, params, history)
 
     def sample(self, sampler: Any, seq: int, row: int, allowed: Any = None) -> int:
+        kept = self._resumed.get(seq)
+        if kept is not None:
+            return sample_row(self._ll, sampler, kept, allowed)
         i = self._rows[seq][row]
         if allowed is not None:  # the sampler chain reads these logits in place
             self._logits_view(i)[~allowed] = -np.inf
@@ -436,6 +451,9 @@ class LlamaCppModel(DraftAndScoring):
         return np.ctypeslib.as_array(ptr, shape=(self.info.n_vocab,))
 
     def logits(self, seq: int, row: int) -> Any:
+        kept = self._resumed.get(seq)
+        if kept is not None:
+            return kept.copy()
         return self._logits_view(self._rows[seq][row]).copy()
 
     def vocab_bytes(self) -> tuple[list[bytes], list[int]]:

@@ -4,9 +4,12 @@ or top-k / top-p / min-p / temperature and a seeded draw)."""
 
 from __future__ import annotations
 
+import ctypes
 import random
 from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from localllm.backends.base import SamplingParams
 from localllm.backends.common import penalties
@@ -53,3 +56,29 @@ def sampler_chain(ll: LlamaApi, vocab: Any, params: SamplingParams, history: Seq
         for tok in history[-PENALTY_LAST_N:]:
             ll.llama_sampler_accept(chain, tok)
     return chain
+
+
+# llama_token_data as numpy lays it out: (id int32, logit float, p float), 12 bytes
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
+
+
+def sample_row(ll: LlamaApi, chain: Any, logits: Any, allowed: Any = None) -> int:
+    """Sample a token from a row of logits held here, not in the context, and accept it:
+    what llama_sampler_sample does with a row of the context's (every token a candidate,
+    the chain applied, the choice accepted), so the same chain picks the same token from
+    the same numbers. `allowed` rules out the tokens it marks False; `logits` is not
+    changed."""
+    cand = np.empty(len(logits), TOKEN_DATA)
+    cand["id"] = np.arange(len(logits), dtype=np.int32)
+    cand["logit"] = logits
+    cand["p"] = 0.0
+    if allowed is not None:
+        cand["logit"][~allowed] = -np.inf
+    data = cand.ctypes.data_as(ctypes.POINTER(ll.llama_token_data))
+    array = ll.llama_token_data_array(data, len(cand), -1, False)
+    ll.llama_sampler_apply(chain, ctypes.byref(array))
+    if not 0 <= array.selected < array.size:
+        raise RuntimeError(f"the sampler chain selected candidate {array.selected} of {array.size}")
+    token = int(array.data[array.selected].id)
+    ll.llama_sampler_accept(chain, token)
+    return token

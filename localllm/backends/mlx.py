@@ -325,6 +325,13 @@ class MlxModel:
     def seq_reread(self, seq: int, prompt: Sequence[int]) -> int:
         return self._kvs[seq].reread(prompt)
 
+    def seq_resume(self, seq: int, prompt: Sequence[int]) -> bool:
+        row = self._kvs[seq].resume(prompt)
+        if row is None or not self._truncate(len(prompt), seq):
+            return False
+        self._logits[seq] = row  # until the next step
+        return True
+
     def seq_keep(self, seq: int, n: int) -> bool:
         return self._truncate(n, seq)
 
@@ -363,7 +370,15 @@ class MlxModel:
                 self._reset_kv(w.seq)
             raise LocalLLMError(f"MLX failed in a batched step: {exc}") from exc
         for w in work:
-            self._kvs[w.seq].append(w.tokens, exact=w.exact, final=w.final)
+            row = self._own_row(self._logits[w.seq]) if w.last and w.seq in self._logits else None
+            self._kvs[w.seq].append(w.tokens, exact=w.exact, final=w.final, row=row)
+
+    def _own_row(self, logits: Any) -> Any:
+        """The last row of a step's logits in a buffer of its own, in its own dtype: a
+        slice would keep the step's whole output (every prompt position's logits) alive."""
+        mx = self._mx
+        last = logits[:, -1:, :]
+        return mx.array(np.array(last.astype(mx.float32))).astype(last.dtype)
 
     def new_sampler(self, params: SamplingParams, history: Sequence[int]) -> Any:
         """A sampler whose draws do not depend on other sequences: mlx-lm samples from MLX's

@@ -41,14 +41,13 @@ from localllm.backends.common import (
     common_prefix,
     final_chunk,
     keep_matching,
-    reusable_prefix,
     token_logprob,
 )
 from localllm.backends.media import has_media, whole_runs
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.grammar import Constraint
 from localllm.engine.request import END, Job, Request, end_unstarted
-from localllm.engine.sequence import Hooks, Running, paused, stalled
+from localllm.engine.sequence import Hooks, Running, kept_prefix, paused, stalled
 from localllm.errors import LocalLLMError, ReaderStalled
 
 log = logging.getLogger(__name__)
@@ -180,28 +179,25 @@ class Scheduler:
         adm = self._hooks.admit(job)
         model, prompt, tag = self.model, adm.prompt, adm.adapters.tag
 
-        # the sequence the prompt carries on (its conversation's), then an empty one, then
-        # the least recently used: a state mostly thrown away would cost a park and a restore
+        # the sequence the prompt carries on (its conversation's, or the one that read this
+        # very prompt: a rerun), then an empty one, then the least recently used: a state
+        # mostly thrown away would cost a park and a restore
         def reuse(s: int) -> tuple[bool, int, float]:
             live = model.seq_tokens(s)
             shared = common_prefix(live, prompt) if self._tags[s] == tag else 0
-            carried = (len(live) - shared) * KEEP_RATIO <= len(live)
+            carried = shared == len(prompt) or (len(live) - shared) * KEEP_RATIO <= len(live)
             return carried, shared if carried else 0, -self._last_used[s]
 
         seq = max(free, key=reuse)
         self._hooks.prepare(prompt, seq, adm.exact, tag)
         self._tags[seq] = tag
         params = job.request.params
-        cached = reusable_prefix(model.seq_tokens(seq, exact=adm.exact), prompt, exact=adm.exact)
-        if params.temperature <= 0 or params.seed is not None:  # the same answer each time
-            cached = min(cached, model.seq_reread(seq, prompt))
-        if not model.seq_keep(seq, cached):
-            cached = 0
+        cached = kept_prefix(model, seq, prompt, params, exact=adm.exact)
         limit = model.info.n_ctx - len(prompt)
         if params.max_tokens is not None:
             limit = min(params.max_tokens, limit)
         constraint = Constraint(model, params.grammar) if params.grammar else None
-        self.active[seq] = Running(
+        r = self.active[seq] = Running(
             job=job,
             seq=seq,
             prompt=prompt,
@@ -222,6 +218,12 @@ class Scheduler:
             pictures=has_media(prompt),
         )
         self.changes += 1
+        if cached == len(prompt):  # its first token now, from the kept logits: nothing to read
+            try:
+                self._sampled(r, self._pick(r, 0), 0)
+            except Exception as exc:
+                if self.active.get(seq) is r:
+                    self._drop(r, _failure(exc, "sampling failed"))
 
     # -- one step ----------------------------------------------------------------------
     def step(self) -> None:
@@ -305,7 +307,7 @@ class Scheduler:
             # the part that gives the prompt's logits, alone in its step, is recorded: a
             # repeatable rerun reads it again for the same answer (see _start)
             final = last and len(running) == 1
-            work.append(SeqWork(r.seq, part, int(last), exact=r.exact, final=final))
+            work.append(SeqWork(r.seq, part, int(last), exact=r.exact, final=final, last=last))
             plans.append([])
             budget -= n
         return work, plans

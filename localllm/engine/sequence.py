@@ -1,16 +1,17 @@
 """What the scheduler keeps for each request it runs (`Running`), what the engine works
 out before one starts (`Admission`), the hooks it calls at the points of a request's life
-(`Hooks`), and how it treats a request whose reader has stopped reading (`paused`,
-`stalled`)."""
+(`Hooks`), how much of its sequence's KV a request keeps (`kept_prefix`), and how it treats
+a request whose reader has stopped reading (`paused`, `stalled`)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from localllm.backends.base import Chunk, Drafter, TokenLogprob
-from localllm.backends.common import DraftCounts
+from localllm.backends.base import Chunk, Decoding, Drafter, SamplingParams, TokenLogprob
+from localllm.backends.common import DraftCounts, reusable_prefix
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.adapters import BASE, Applied
 from localllm.engine.grammar import Constraint
@@ -98,6 +99,22 @@ class Hooks(Protocol):
     def ended(self, job: Job, run: Running, final: Chunk | None) -> None:
         """The request ended: with its final chunk, or None when it failed."""
         ...
+
+
+def kept_prefix(
+    model: Decoding, seq: int, prompt: Sequence[int], params: SamplingParams, *, exact: bool
+) -> int:
+    """How many of its prompt's tokens a request finds in sequence `seq`, which then holds
+    just those. All of them: a rerun of the prompt the sequence last read, whose first
+    token is drawn from the logits kept from that read (model.seq_resume; not for a
+    deterministic request, which reads as a cold run does). Else the reusable prefix,
+    which a repeatable request cuts back to the first run's last batch (seq_reread)."""
+    if not exact and model.seq_resume(seq, prompt):
+        return len(prompt)
+    cached = reusable_prefix(model.seq_tokens(seq, exact=exact), prompt, exact=exact)
+    if params.temperature <= 0 or params.seed is not None:  # the same answer each time
+        cached = min(cached, model.seq_reread(seq, prompt))
+    return cached if model.seq_keep(seq, cached) else 0
 
 
 def paused(r: Running) -> bool:

@@ -98,17 +98,22 @@ def test_cached_prefix_gives_exactly_the_cold_output(loaded: LoadedModel, questi
     assert 0 < part.cached_tokens < full.cached_tokens
 
 
-def test_a_repeatable_rerun_reads_the_first_run_s_last_batch_again(
+def test_a_rerun_samples_from_the_first_run_s_logits_or_reads_its_last_batch_again(
     loaded: LoadedModel, monkeypatch: pytest.MonkeyPatch
 ):
     """Outside deterministic mode, a short new part of a prompt (a follow-up turn) is read
     in one step, its last token with it, and a long one leaves that token for a step of its
-    own; the same repeatable request again reads that last batch again, so its first logits
-    and its answer are the first run's. A request sampled at random keeps all but the
-    prompt's last token."""
+    own. The same prompt again, on the sequence that read it, reads nothing: its first
+    token is drawn from the logits the first run drew from, kept with the KV, so a
+    repeatable request answers the same and its log probabilities are the same numbers (a
+    request sampled at random draws from them too). Once those logits are gone (the state
+    was saved and restored, as the prompt cache does), a repeatable rerun reads the first
+    run's last batch again, for the same logits; a request sampled at random then keeps all
+    but the prompt's last token."""
     steps: list[list[int]] = []
     finals: list[tuple[int, np.ndarray]] = []  # each prompt's last batch and its logits
     step = loaded.step
+    params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=2)
 
     def spy(work: Sequence[SeqWork]) -> None:
         step(work)
@@ -117,16 +122,28 @@ def test_a_repeatable_rerun_reads_the_first_run_s_last_batch_again(
 
     monkeypatch.setattr(loaded, "step", spy)
 
+    def first_logprobs(chunks: list[Chunk]) -> tuple[object, ...]:
+        return next(c.logprobs for c in chunks if c.tokens)
+
     def twice(prompt: list[int]) -> tuple[int, int, int]:
-        """Run `prompt` twice: the first run's cached and new tokens, and its first step's."""
+        """Run `prompt` twice, then once more from a restored state: the first run's
+        cached and new tokens, and its first step's."""
         steps.clear()
         finals.clear()
-        first = run(loaded, prompt, GREEDY, exact=False)
-        again = run(loaded, prompt, GREEDY, exact=False)
+        first = run(loaded, prompt, params, exact=False)
+        first_steps = list(steps)
+        again = run(loaded, prompt, params, exact=False)
         assert generated(again) == generated(first)
+        assert first_logprobs(again) == first_logprobs(first)
+        assert cached(again) == len(prompt)
+        assert all(n == [1] for n in steps[len(first_steps) :])  # each step one new token
+        loaded.load_kv(loaded.save_kv(0, exact=False), 0)  # the kept logits stay behind
+        restored = run(loaded, prompt, params, exact=False)
+        assert generated(restored) == generated(first)
         (n1, logits1), (n2, logits2) = finals
         assert n1 == n2 and np.array_equal(logits1, logits2)
-        assert cached(again) == len(prompt) - n1  # the same batch read again
+        assert cached(restored) == len(prompt) - n1  # the same batch read again
+        steps[:] = first_steps
         return cached(first), len(prompt) - cached(first), steps[0][0]
 
     question = [Message("user", "Name three colours.")]
@@ -139,8 +156,10 @@ def test_a_repeatable_rerun_reads_the_first_run_s_last_batch_again(
     )
     n_cached, n_new, first_step = twice(follow)
     assert n_cached >= len(prompt) and first_step == n_new  # only what is new, in one step
-    free = run(loaded, follow, SamplingParams(temperature=0.8, max_tokens=2), exact=False)
-    assert cached(free) == len(follow) - 1
+    hot = SamplingParams(temperature=0.8, max_tokens=2)
+    assert cached(run(loaded, follow, hot, exact=False)) == len(follow)  # kept logits
+    loaded.load_kv(loaded.save_kv(0, exact=False), 0)
+    assert cached(run(loaded, follow, hot, exact=False)) == len(follow) - 1
     long = chat(loaded, "Describe the sea and its tides in detail, please. " * 8)
     _, n_new, first_step = twice(long)
     assert n_new >= WHOLE_BELOW and first_step == n_new - 1 and finals[0][0] == 1

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from localllm.backends.base import Chunk, LoadOptions, Message, ModelRef, SamplingParams, SeqWork
@@ -336,5 +337,46 @@ def test_a_copied_prefix_reads_as_the_sequence_s_own(starter_ref: ModelRef):
         model.step([SeqWork(0, prompt[n:], 1), SeqWork(2, prompt[n:], 1)])
         assert (model.logits(0, 0) == model.logits(2, 0)).all()
         assert model.seq_copy(0, 1, 0) and model.seq_tokens(1) == []
+    finally:
+        model.close()
+
+
+@pytest.mark.model
+def test_kept_logits_draw_what_the_context_s_row_draws(starter_ref: ModelRef):
+    """A rerun draws its first token from the logits kept with the KV (sample_row), not
+    from the context's row: each sampler chain (greedy; seeded draws after top-k, top-p,
+    min-p and penalties; a grammar's mask) picks the token it picks from the context's
+    row, and a mask leaves the kept logits as they were."""
+    model = LlamaCppBackend().load(starter_ref, LoadOptions(n_threads=THREADS, n_ctx=512, n_seq=1))
+    chains = [
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, seed=3),
+        SamplingParams(temperature=1.5, seed=11, repeat_penalty=1.3, presence_penalty=0.5),
+        SamplingParams(temperature=2.0, top_k=0, top_p=1.0, min_p=0.0, seed=5),
+    ]
+
+    def draw(params: SamplingParams, allowed: np.ndarray | None = None) -> int:
+        sampler = model.new_sampler(params, prompt)
+        try:
+            return model.sample(sampler, 0, 0, allowed)
+        finally:
+            model.free_sampler(sampler)
+
+    try:
+        prompt = model.render_chat([Message("user", "Name three rivers of Europe.")])
+        model.step([SeqWork(0, prompt, 1, last=True)])
+        row = model.logits(0, 0)
+        allowed = np.zeros(model.info.n_vocab, dtype=np.bool_)
+        allowed[1000:1100] = True
+        expected = [draw(p) for p in chains]
+        assert len(set(expected)) > 1  # the chains differ, so the comparison means something
+        masked = draw(chains[0], allowed)  # last: it masks the context's row in place
+        assert 1000 <= masked < 1100
+        assert model.seq_resume(0, prompt) and model.seq_tokens(0) == prompt
+        assert np.array_equal(model.logits(0, 0), row)
+        assert draw(chains[0], allowed) == masked
+        assert [draw(p) for p in chains] == expected
+        assert np.array_equal(model.logits(0, 0), row)
+        assert not model.seq_resume(0, prompt[:-1])  # another prompt reads its own logits
     finally:
         model.close()

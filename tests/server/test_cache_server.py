@@ -78,3 +78,30 @@ def test_ps_without_a_server_is_one_clear_line(tmp_path):
                          text=True, env=env, timeout=60)
     assert out.returncode == 1
     assert out.stderr.startswith("localllm: error: no localllm server answers at http://127.0.0.1:")
+
+
+def test_the_same_request_again_reads_nothing_and_answers_the_same(server: ServerProcess):
+    """A repeat of a prompt (a client retrying, a regenerate at temperature 0) finds the
+    logits its first run sampled from, kept with the KV: it reads no prompt token, and its
+    answer and log probabilities are the first run's. Within a JSON schema the grammar's
+    mask applies to a copy: the plain request after it still answers as before."""
+    client = openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0)
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "Describe a lighthouse keeper in a few words."}]
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}},
+              "required": ["name"], "additionalProperties": False}
+    as_json = {"type": "json_schema", "json_schema": {"name": "keeper", "schema": schema}}
+
+    def ask(**extra: object) -> tuple[str, list[float], int, int]:
+        r = client.chat.completions.create(model="starter", messages=messages, max_tokens=12,
+                                           temperature=0, logprobs=True, **extra)  # type: ignore[call-overload]
+        assert r.usage is not None and r.usage.prompt_tokens_details is not None
+        content = r.choices[0].logprobs.content if r.choices[0].logprobs else None
+        return (r.choices[0].message.content or "", [c.logprob for c in content or []],
+                r.usage.prompt_tokens, r.usage.prompt_tokens_details.cached_tokens or 0)
+
+    plain = ask()
+    runs = [ask(), ask(response_format=as_json), ask(response_format=as_json), ask()]
+    assert all(cached == n for _, _, n, cached in runs)  # every prompt token cached
+    assert runs[0][:2] == plain[:2] and runs[3][:2] == plain[:2]
+    assert runs[1][:2] == runs[2][:2] and runs[1][0].startswith('{"name"')

@@ -65,10 +65,10 @@ def _ask(srv: ServerProcess, image: str | None, **extra: Any) -> dict[str, Any]:
 
 def picture_kept(usage: dict[str, Any]) -> bool:
     """Whether a greedy rerun of a prompt ending in a picture and the template's last
-    tokens found the picture's KV: it reads again at most the text after the picture (the
-    batch that gave the first run its logits), none of the picture's 16 tokens."""
+    tokens found the picture's KV and the logits its first run sampled from: it reads
+    nothing, the picture's 16 tokens included."""
     n, cached = usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
-    return bool(n - 16 < cached <= n - 1)
+    return bool(cached == n)
 
 
 def test_an_image_is_read_counted_and_reused_from_the_prompt_cache(seer: ServerProcess):

@@ -1,5 +1,6 @@
 """The KV ledger's record of the batches that read a prompt's last token (common.KVLedger):
-what a rerun reads again, through cuts, copies and saved states."""
+what a rerun reads again, and the logits it may sample from instead, through cuts, copies
+and saved states."""
 
 from __future__ import annotations
 
@@ -9,12 +10,15 @@ from localllm.backends.common import KVLedger
 PROMPT = list(range(100, 130))  # 30 tokens
 
 
+ROW = object()  # the logits a backend kept (the ledger only holds them)
+
+
 def first_run(cached: int = 10) -> KVLedger:
     """A ledger after a run of PROMPT that found `cached` tokens, read the rest in one
-    step and answered three tokens."""
+    step (keeping the logits of its last token) and answered three tokens."""
     kv = KVLedger()
     kv.append(PROMPT[:cached], exact=False)
-    kv.append(PROMPT[cached:], exact=False, final=True)
+    kv.append(PROMPT[cached:], exact=False, final=True, row=ROW)
     kv.append([7, 8, 9], exact=False)
     return kv
 
@@ -66,3 +70,38 @@ def test_each_turn_of_a_conversation_keeps_its_record():
     kv.append(follow[32:], exact=False, final=True)
     assert kv.finals == [(10, 30), (32, 36)]
     assert kv.reread(follow) == 32 and kv.reread(PROMPT) == 10
+
+
+def test_the_kept_logits_answer_only_the_whole_prompt_they_came_from():
+    kv = first_run()
+    assert kv.resume(PROMPT) is ROW  # the answer after it is the caller's to cut
+    assert kv.resume(PROMPT[:-1]) is None
+    assert kv.resume([*PROMPT[:-1], 5]) is None
+    assert kv.resume([*PROMPT, 7]) is None  # a longer prompt reads its new tokens
+    kv.cut(30)
+    assert kv.resume(PROMPT) is ROW
+    kv.cut(29)  # the prompt's last token left the cache: its logits go with it
+    assert kv.kept is None and kv.resume(PROMPT) is None
+    assert kv.reread(PROMPT) == 10  # the batch is still recorded
+
+
+def test_kept_logits_follow_copies_of_the_whole_prompt_and_never_a_saved_state():
+    src = first_run()
+    dst = KVLedger()
+    dst.copied(src, 33)
+    assert dst.resume(PROMPT) is ROW
+    dst.copied(src, 29)
+    assert dst.resume(PROMPT) is None
+    restored = KVLedger()
+    restored.restored(src.saved(0, None))
+    assert restored.tokens == src.tokens and restored.resume(PROMPT) is None
+    src.clear()
+    assert src.kept is None
+
+
+def test_a_later_prompt_s_logits_replace_the_earlier_ones():
+    kv = first_run()
+    follow = [*PROMPT, 7, 8, 9, 40, 41, 42]
+    later = object()
+    kv.append(follow[33:], exact=False, final=False, row=later)  # read beside others
+    assert kv.resume(follow) is later and kv.resume(PROMPT) is None
