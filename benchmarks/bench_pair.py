@@ -1,4 +1,5 @@
-"""One stream and four streams, paired with llama-server on a noisy machine.
+"""One stream, four streams, a follow-up and a repeat, paired with llama-server on a noisy
+machine.
 
 bench_concurrency starts each server afresh for every round and measures each figure
 once a round; on a shared two-core VM whose speed moves by a third from minute to
@@ -9,7 +10,9 @@ sample of one has a sample of the other taken within seconds of it:
 - one stream: three 200-token greedy chat answers a turn; the decode rate after the
   first token (tokens - 1 over the time from the first token to the last);
 - four streams: four concurrent 128-token chats; all their tokens over the wall time
-  (bench_concurrency's aggregate), and the slowest first token.
+  (bench_concurrency's aggregate), and the slowest first token;
+- a follow-up: two turns after 300-token answers (bench_concurrency's), the first token
+  of each; then the same short chat request three times again: the first token of each.
 
 The ratio of medians and the share of turns localllm won are printed for each.
 Set LLAMA_SERVER to llama-server's path (see bench_concurrency).
@@ -28,7 +31,9 @@ from benchmarks.bench_concurrency import (
     LlamaServer,
     chat,
     concurrent,
+    follow_ups,
     localllm_flags,
+    repeats,
     setup,
     story,
 )
@@ -60,6 +65,8 @@ def main() -> None:
         one: dict[str, list[float]] = {n: [] for n in names}
         four: dict[str, list[float]] = {n: [] for n in names}
         first: dict[str, list[float]] = {n: [] for n in names}
+        follow: dict[str, list[float]] = {n: [] for n in names}
+        again: dict[str, list[float]] = {n: [] for n in names}
         won = {"one": 0, "four": 0}
         for rnd in range(args.rounds):
             order = names if rnd % 2 == 0 else names[::-1]
@@ -74,6 +81,9 @@ def main() -> None:
                 four[name].append(agg)
                 first[name].append(slowest * 1000)
                 turn_four[name] = agg
+                salt = uuid.uuid4().hex[:8]
+                follow[name] += [r.ttft * 1000 for r in follow_ups(base, salt, turns=2)]
+                again[name] += [r.ttft * 1000 for r in repeats(base, salt)]
             won["one"] += turn_one["localllm"] >= turn_one["llama-server"]
             won["four"] += turn_four["localllm"] >= turn_four["llama-server"]
             print(
@@ -93,6 +103,8 @@ def main() -> None:
     line("one stream, decode tokens/s", one, won["one"])
     line("four streams, aggregate tokens/s", four, won["four"])
     line("four streams, slowest first token ms", first, None)
+    line("follow-up, first token ms", follow, None)
+    line("the same request again, first token ms", again, None)
 
 
 if __name__ == "__main__":
