@@ -101,7 +101,6 @@ class PromptCache:
     def __init__(self, ram_budget: int, disk_dir: Path | None, disk_budget: int) -> None:
         self.ram_budget = ram_budget
         self.disk_root = disk_dir
-        self.disk_budget = disk_budget
         self._ram: OrderedDict[tuple[str, str], KVSnapshot] = OrderedDict()
         self._slots: dict[str, _Slot] = {}
         self.lookups = 0
@@ -268,7 +267,7 @@ class PromptCache:
                 len(slot.shelf.entries) for slot in self._slots.values() if slot.shelf is not None
             ),
             "disk_bytes": self.disk_bytes,
-            "disk_budget_bytes": self.disk_budget if self.disk_root is not None else 0,
+            "disk_budget_bytes": self._writer.budget if self.disk_root is not None else 0,
             "requests": self.lookups,
             "hits": self.hits,
             "hit_rate": round(self.hits / self.lookups, 3) if self.lookups else 0.0,
