@@ -166,16 +166,26 @@ def render_messages(model: LoadedModel, request: Request, messages: Sequence[Mes
     return model.render_chat(inline_late_system(messages), variables)
 
 
+WARM_CHATS = (
+    [Message("user", "Hello")],
+    [Message("system", "Be brief."), Message("user", "Hello")],  # a template that wants one
+)
+
+
 def warm(model: LoadedModel) -> None:
     """Render a one-line chat at load, so that the first request does not compile the
-    model's chat template (16 ms for the starter's here). A template that fails is left
-    for the first request to report, in its own words."""
+    model's chat template (16 ms for the starter's here); a template that insists on a
+    system message first gets one. A template that fails both is logged and left for the
+    first request to report, in its own words."""
     if not model.info.chat_template:
         return
-    try:
-        render_messages(model, Request(SamplingParams()), [Message("user", "Hello")])
-    except Exception as exc:
-        log.warning("%s: its chat template failed a trial render: %s", model.info.id, exc)
+    for messages in WARM_CHATS:
+        try:
+            render_messages(model, Request(SamplingParams()), messages)
+            return
+        except Exception as exc:
+            failure = exc
+    log.warning("%s: its chat template failed a trial render: %s", model.info.id, failure)
 
 
 def inline_late_system(messages: Sequence[Message]) -> list[Message]:

@@ -146,7 +146,8 @@ class Telemetry:
                         "prompt_tokens": stats.prompt_tokens,
                         "cached_tokens": stats.cached_tokens,
                         "completion_tokens": stats.generated_tokens,
-                        "ttft_s": round(stats.ttft_s, 4),
+                        # none for a request that ended before its first token
+                        "ttft_s": round(stats.ttft_s, 4) if stats.generated_tokens else None,
                         "finish_reason": final.finish_reason,
                     }
 

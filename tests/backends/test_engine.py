@@ -262,6 +262,42 @@ def test_the_chat_template_is_compiled_at_load_not_by_the_first_request(engine: 
     assert info.misses == 1 and info.hits >= 1  # the request found it compiled
 
 
+SYSTEM_FIRST = (
+    "{% if messages[0].role != 'system' %}"
+    "{{ raise_exception('the first message must be a system message') }}{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template, warned", [
+    (SYSTEM_FIRST, False),
+    ("{{ raise_exception('this template renders nothing') }}", True),
+], ids=["system-first", "always-fails"])
+def test_a_template_that_wants_a_system_message_first_loads_without_a_warning(
+    starter_ref: ModelRef, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+    template: str, warned: bool,
+):
+    """The load's trial render gives a template that insists on a system message one; a
+    template that fails either way is logged once (and left for the first request)."""
+    from localllm.backends.base import LoadOptions
+    from localllm.backends.llamacpp import LlamaCppBackend
+    from localllm.engine import prompt
+    from tests.gguf_fixtures import copy_with_metadata
+
+    path = copy_with_metadata(starter_ref.path, tmp_path / "strict.gguf",
+                              {"tokenizer.chat_template": template})
+    ref = dataclasses.replace(starter_ref, path=path)
+    model = LlamaCppBackend().load(ref, LoadOptions(n_threads=2, n_ctx=256))
+    try:
+        with caplog.at_level("WARNING", logger="localllm.engine.prompt"):
+            prompt.warm(model)
+        failed = [r for r in caplog.records if "failed a trial render" in r.getMessage()]
+        assert len(failed) == (1 if warned else 0)
+    finally:
+        model.close()
+
+
 def test_the_context_grows_for_a_longer_prompt_or_num_ctx(engine: Engine):
     """Loaded with less than its trained context, an idle model is reloaded with a context
     that holds a longer prompt (a power of two), or what a request asks for (min_ctx)."""

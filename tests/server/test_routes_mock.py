@@ -206,3 +206,24 @@ async def test_health_reads_the_status_snapshot(engine: Mock, transport: httpx.A
     assert r.status_code == 503
     assert r.json()["status"] == "loading" and r.json()["queued"] == 3
     engine.submit.assert_not_called()
+
+
+def test_a_request_that_ended_before_its_first_token_logs_no_time_to_it(engine: Mock):
+    """The access log's engine figures for a request that produced nothing (a client that
+    left while its prompt was read): no `ttft_s` of 0, which would read as instant."""
+    from localllm.server.metrics import Telemetry
+
+    engine.backend_of.return_value = "llamacpp"
+    telemetry = Telemetry(engine)
+    left = GenerationStats(prompt_tokens=900, cached_tokens=0, generated_tokens=0, ttft_s=0.0,
+                           decode_tps=0.0)
+    for rid, stats in (("left", left), ("answered", FINAL.stats)):
+        request = Request(SamplingParams(), prompt="x", request_id=rid)
+        final = Chunk("", (), finish_reason="cancelled" if rid == "left" else "stop", stats=stats)
+        telemetry.observe(request, "starter", final, 1.0)
+    lines = [{"request_id": rid, "route": "/v1/completions", "status": 200, "model": "starter"}
+             for rid in ("left", "answered")]
+    for line in lines:
+        telemetry.finish(line)
+    assert lines[0]["completion_tokens"] == 0 and lines[0]["ttft_s"] is None
+    assert lines[1]["ttft_s"] == 0.01
