@@ -257,7 +257,8 @@ class KVSnapshot:
     `tokens` is everything the sequence had seen (its answers included); its first
     `canonical` tokens are whole common.ALIGN blocks, each evaluated the way a cold run
     evaluates it, so restoring just those gives exactly a cold run's output. `finals`:
-    the batches that read a prompt's last token alone (common.KVLedger).
+    the batches that read a prompt's last token alone; `kept`: that prompt's end and the
+    logits its last token gave (common.KVLedger), in RAM only (a state on disk has none).
     """
 
     tokens: tuple[int, ...]
@@ -265,6 +266,12 @@ class KVSnapshot:
     payload: Any  # backend-specific: bytes (llama.cpp), arrays (MLX)
     canonical: int | None = None  # None: all of `tokens`
     finals: tuple[tuple[int, int], ...] = ()
+    kept: tuple[int, Any] | None = None
+
+    @property
+    def ram_bytes(self) -> int:
+        """What it holds in memory: its KV and the kept logits."""
+        return self.nbytes + (int(self.kept[1].nbytes) if self.kept is not None else 0)
 
     @property
     def exact_tokens(self) -> tuple[int, ...]:

@@ -105,7 +105,7 @@ class KVLedger:
 
     `kept` is the last prompt's end and the logits its last token gave (a backend's own
     copy of the row), while the cache holds that prompt: a rerun samples from them and
-    reads nothing (`resume`). Only the live cache keeps them; a snapshot does not."""
+    reads nothing (`resume`). A snapshot in RAM carries them; one on disk does not."""
 
     __slots__ = ("canonical", "finals", "kept", "tokens")
 
@@ -163,14 +163,16 @@ class KVLedger:
 
     def saved(self, nbytes: int, payload: Any) -> KVSnapshot:
         """A snapshot of this cache, its native state being `payload`."""
-        return KVSnapshot(tuple(self.tokens), nbytes, payload, self.canonical, tuple(self.finals))
+        return KVSnapshot(
+            tuple(self.tokens), nbytes, payload, self.canonical, tuple(self.finals), self.kept
+        )
 
     def restored(self, snapshot: KVSnapshot) -> None:
         """A saved state replaced the cache."""
         self.tokens[:] = snapshot.tokens
         self.canonical = len(snapshot.exact_tokens)
         self.finals[:] = [f for f in snapshot.finals if f[1] <= len(self.tokens) + 1]
-        self.kept = None
+        self.kept = snapshot.kept
 
     def append(
         self, part: Sequence[int], *, exact: bool, final: bool = False, row: Any = None

@@ -243,7 +243,7 @@ class PromptCache:
     # -- figures ----------------------------------------------------------------------
     @property
     def ram_bytes(self) -> int:
-        return sum(s.nbytes for s in self._ram.values())
+        return sum(s.ram_bytes for s in self._ram.values())
 
     @property
     def disk_bytes(self) -> int:

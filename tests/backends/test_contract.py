@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -106,8 +107,8 @@ def test_a_rerun_samples_from_the_first_run_s_logits_or_reads_its_last_batch_aga
     own. The same prompt again, on the sequence that read it, reads nothing: its first
     token is drawn from the logits the first run drew from, kept with the KV, so a
     repeatable request answers the same and its log probabilities are the same numbers (a
-    request sampled at random draws from them too). Once those logits are gone (the state
-    was saved and restored, as the prompt cache does), a repeatable rerun reads the first
+    request sampled at random draws from them too); a state saved in RAM and restored keeps
+    them. Without them (a state read back from disk), a repeatable rerun reads the first
     run's last batch again, for the same logits; a request sampled at random then keeps all
     but the prompt's last token."""
     steps: list[list[int]] = []
@@ -121,6 +122,11 @@ def test_a_rerun_samples_from_the_first_run_s_logits_or_reads_its_last_batch_aga
         finals.extend((len(w.tokens), loaded.logits(w.seq, 0)) for w in work if w.final)
 
     monkeypatch.setattr(loaded, "step", spy)
+
+    def restore(*, from_disk: bool) -> None:
+        """Sequence 0's state saved and restored, as the prompt cache parks one."""
+        snap = loaded.save_kv(0, exact=False)
+        loaded.load_kv(dataclasses.replace(snap, kept=None) if from_disk else snap, 0)
 
     def first_logprobs(chunks: list[Chunk]) -> tuple[object, ...]:
         return next(c.logprobs for c in chunks if c.tokens)
@@ -137,7 +143,10 @@ def test_a_rerun_samples_from_the_first_run_s_logits_or_reads_its_last_batch_aga
         assert first_logprobs(again) == first_logprobs(first)
         assert cached(again) == len(prompt)
         assert all(n == [1] for n in steps[len(first_steps) :])  # each step one new token
-        loaded.load_kv(loaded.save_kv(0, exact=False), 0)  # the kept logits stay behind
+        restore(from_disk=False)
+        from_ram = run(loaded, prompt, params, exact=False)
+        assert cached(from_ram) == len(prompt) and generated(from_ram) == generated(first)
+        restore(from_disk=True)
         restored = run(loaded, prompt, params, exact=False)
         assert generated(restored) == generated(first)
         (n1, logits1), (n2, logits2) = finals
@@ -158,7 +167,7 @@ def test_a_rerun_samples_from_the_first_run_s_logits_or_reads_its_last_batch_aga
     assert n_cached >= len(prompt) and first_step == n_new  # only what is new, in one step
     hot = SamplingParams(temperature=0.8, max_tokens=2)
     assert cached(run(loaded, follow, hot, exact=False)) == len(follow)  # kept logits
-    loaded.load_kv(loaded.save_kv(0, exact=False), 0)
+    restore(from_disk=True)
     assert cached(run(loaded, follow, hot, exact=False)) == len(follow) - 1
     long = chat(loaded, "Describe the sea and its tides in detail, please. " * 8)
     _, n_new, first_step = twice(long)

@@ -222,16 +222,18 @@ def test_a_corrupt_disk_entry_is_dropped_and_the_answer_is_cold(
 
 
 @pytest.mark.model
-def test_a_rerun_from_ram_or_disk_reads_the_same_last_batch(tmp_path: Path):
-    """Not deterministic: the batch that read a prompt's last token is saved with the state
-    (RAM and disk), so the same request, asked again after its state was parked or the
-    server restarted, reads that batch again and answers the same. A state on disk is read
-    back only when it gives at least DISK_MIN_REUSE tokens."""
+def test_a_rerun_from_ram_or_disk_answers_the_same(tmp_path: Path):
+    """Not deterministic: a state parked in RAM keeps the logits its prompt's last token
+    gave, so the same request, asked again after its state was parked, reads nothing; the
+    batch that read that token is saved with the state on disk too, so after a restart it
+    reads that batch again; both answer the same. A state on disk is read back only when
+    it gives at least DISK_MIN_REUSE tokens."""
     first = make(tmp_path, prompt_cache_disk_mb=256, deterministic=False)
     msgs = conversation("rivers", 2)
 
-    def restored_answer(engine: Engine) -> list[int]:
-        """The rivers answer, from a state restored (the only restore) at its last batch."""
+    def restored_answer(engine: Engine, n_cached: int) -> list[int]:
+        """The rivers answer, from a state restored (the only restore), which it found
+        `n_cached` of its prompt's tokens in."""
         tokens, final = ask(engine, msgs)
         assert engine.cache.stats()["restored"] == 1
         assert final.stats is not None and final.stats.cached_tokens == n_cached
@@ -244,7 +246,7 @@ def test_a_rerun_from_ram_or_disk_reads_the_same_last_batch(tmp_path: Path):
         n_cached = final.stats.cached_tokens  # where its last (and only) batch began
         assert 0 < n_cached < final.stats.prompt_tokens - 1
         ask(first, conversation("deserts", 1))  # parks the rivers state
-        assert restored_answer(first) == tokens  # from RAM
+        assert restored_answer(first, final.stats.prompt_tokens) == tokens  # from RAM
     finally:
         first.close()
     again = make(tmp_path, prompt_cache_disk_mb=256, deterministic=False)
@@ -253,7 +255,7 @@ def test_a_rerun_from_ram_or_disk_reads_the_same_last_batch(tmp_path: Path):
         _, hello = ask(again, [Message("user", "Hello.")])
         assert hello.stats is not None and hello.stats.cached_tokens == 0
         assert again.cache.stats()["restored"] == 0
-        assert restored_answer(again) == tokens  # from disk, after a restart
+        assert restored_answer(again, n_cached) == tokens  # from disk, after a restart
     finally:
         again.close()
 

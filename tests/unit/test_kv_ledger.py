@@ -4,6 +4,8 @@ and saved states."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from localllm.backends.base import KVSnapshot
 from localllm.backends.common import KVLedger
 
@@ -85,16 +87,21 @@ def test_the_kept_logits_answer_only_the_whole_prompt_they_came_from():
     assert kv.reread(PROMPT) == 10  # the batch is still recorded
 
 
-def test_kept_logits_follow_copies_of_the_whole_prompt_and_never_a_saved_state():
+def test_kept_logits_follow_copies_of_the_whole_prompt_and_states_saved_in_ram():
     src = first_run()
     dst = KVLedger()
     dst.copied(src, 33)
     assert dst.resume(PROMPT) is ROW
     dst.copied(src, 29)
     assert dst.resume(PROMPT) is None
+    saved = src.saved(0, None)
     restored = KVLedger()
-    restored.restored(src.saved(0, None))
-    assert restored.tokens == src.tokens and restored.resume(PROMPT) is None
+    restored.restored(saved)
+    assert restored.tokens == src.tokens and restored.resume(PROMPT) is ROW
+    restored.restored(dataclasses.replace(saved, kept=None))  # as a state read from disk
+    assert restored.resume(PROMPT) is None and restored.reread(PROMPT) == 10
+    src.cut(29)
+    assert src.saved(0, None).kept is None
     src.clear()
     assert src.kept is None
 
