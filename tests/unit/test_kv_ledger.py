@@ -112,3 +112,13 @@ def test_a_later_prompt_s_logits_replace_the_earlier_ones():
     later = object()
     kv.append(follow[33:], exact=False, final=False, row=later)  # read beside others
     assert kv.resume(follow) is later and kv.resume(PROMPT) is None
+
+
+def test_a_saved_state_counts_its_kept_logits_in_ram():
+    import numpy as np
+
+    kv = KVLedger()
+    kv.append(PROMPT, exact=False, row=np.zeros(1000, np.float32))
+    assert kv.saved(5000, None).ram_bytes == 5000 + 4000
+    kv.cut(10)
+    assert kv.saved(5000, None).ram_bytes == 5000
