@@ -1,21 +1,25 @@
-"""One stream, four streams, a follow-up and a repeat, paired with llama-server on a noisy
-machine.
+"""Every figure of bench_concurrency, paired with llama-server on a noisy machine.
 
 bench_concurrency starts each server afresh for every round and measures each figure
 once a round; on a shared two-core VM whose speed moves by a third from minute to
 minute, that leaves a few samples per figure. Here both servers stay up side by side
-(idle, each costs the other nothing) and take turns request by request, so every
-sample of one has a sample of the other taken within seconds of it:
+(idle, each costs the other nothing) and take turns, figure by figure, so every sample
+of one has a sample of the other taken within seconds of it:
 
 - one stream: three 200-token greedy chat answers a turn; the decode rate after the
   first token (tokens - 1 over the time from the first token to the last);
 - four streams: four concurrent 128-token chats; all their tokens over the wall time
   (bench_concurrency's aggregate), and the slowest first token;
+- a 16-token completion on the idle server, and the same while a chat answer streams;
 - a follow-up: two turns after 300-token answers (bench_concurrency's), the first token
-  of each; then the same short chat request three times again: the first token of each.
+  of each; then the same short chat request three times again: the first token of each;
+- interleaved conversations (four, each with a ~1,000-token system prompt, six turns):
+  the first token of turns 2-6;
+- a cold prompt of about 1,600 tokens: the whole request (one token).
 
-The ratio of medians and the share of turns localllm won are printed for each.
-Set LLAMA_SERVER to llama-server's path (see bench_concurrency).
+The ratio of medians is printed for each, and for the figures measured once a turn the
+share of turns localllm did better. Set LLAMA_SERVER to llama-server's path (see
+bench_concurrency).
 Run: python -m benchmarks.bench_pair [--rounds 8] [--model PATH]
 """
 
@@ -30,14 +34,30 @@ from typing import Any
 from benchmarks.bench_concurrency import (
     LlamaServer,
     chat,
+    cold_prefill,
+    completion_during_chat,
     concurrent,
     follow_ups,
+    interleaved,
     localllm_flags,
     repeats,
     setup,
     story,
 )
 from benchmarks.common import Server
+
+# (label, higher is better, measured once a turn: the share of turns is printed)
+FIGURES = {
+    "one": ("one stream, decode tokens/s", True, True),
+    "four": ("four streams, aggregate tokens/s", True, True),
+    "slowest": ("four streams, slowest first token ms", False, False),
+    "idle": ("16-token completion, idle, ms", False, True),
+    "busy": ("the same during a chat answer, ms", False, True),
+    "follow": ("follow-up, first token ms", False, False),
+    "again": ("the same request again, first token ms", False, False),
+    "inter": ("interleaved, first token of turns 2-6 ms", False, False),
+    "cold": ("cold prompt of ~1,600 tokens, s", False, True),
+}
 
 
 def one_stream(base: str) -> tuple[int, list[float]]:
@@ -51,6 +71,29 @@ def one_stream(base: str) -> tuple[int, list[float]]:
     return tokens, rates
 
 
+def one_turn(base: str) -> dict[str, list[float]]:
+    """Every figure once on one server: its samples, by FIGURES' keys."""
+    _, rates = one_stream(base)
+    agg, _, slowest = concurrent(base, uuid.uuid4().hex[:8])
+    idle, busy = completion_during_chat(base, uuid.uuid4().hex[:8])
+    salt = uuid.uuid4().hex[:8]
+    follow = [r.ttft * 1000 for r in follow_ups(base, salt, turns=2)]
+    again = [r.ttft * 1000 for r in repeats(base, salt)]
+    inter = [r.ttft * 1000 for r in interleaved(base, uuid.uuid4().hex[:8])]
+    cold, _ = cold_prefill(base, uuid.uuid4().hex[:8])
+    return {
+        "one": rates,
+        "four": [agg],
+        "slowest": [slowest * 1000],
+        "idle": [idle * 1000],
+        "busy": [busy * 1000],
+        "follow": follow,
+        "again": again,
+        "inter": inter,
+        "cold": [cold],
+    }
+
+
 def main() -> None:
     args = setup(argparse.ArgumentParser(), rounds=8)
     binary = os.environ.get("LLAMA_SERVER")
@@ -58,53 +101,43 @@ def main() -> None:
         raise SystemExit("set LLAMA_SERVER to llama-server's path")
     flags = localllm_flags()
     servers: dict[str, Any] = {}
+    rows: dict[str, dict[str, list[float]]] = {key: {} for key in FIGURES}
+    won = dict.fromkeys(FIGURES, 0)
     try:
         servers["localllm"] = Server(*flags)
         servers["llama-server"] = LlamaServer(binary)
         names = list(servers)
-        one: dict[str, list[float]] = {n: [] for n in names}
-        four: dict[str, list[float]] = {n: [] for n in names}
-        first: dict[str, list[float]] = {n: [] for n in names}
-        follow: dict[str, list[float]] = {n: [] for n in names}
-        again: dict[str, list[float]] = {n: [] for n in names}
-        won = {"one": 0, "four": 0}
+        for key in FIGURES:
+            rows[key] = {n: [] for n in names}
         for rnd in range(args.rounds):
             order = names if rnd % 2 == 0 else names[::-1]
-            turn_one: dict[str, float] = {}
-            turn_four: dict[str, float] = {}
-            for name in order:
-                base = servers[name].base
-                _, rates = one_stream(base)
-                one[name] += rates
-                turn_one[name] = statistics.median(rates)
-                agg, _, slowest = concurrent(base, uuid.uuid4().hex[:8])
-                four[name].append(agg)
-                first[name].append(slowest * 1000)
-                turn_four[name] = agg
-                salt = uuid.uuid4().hex[:8]
-                follow[name] += [r.ttft * 1000 for r in follow_ups(base, salt, turns=2)]
-                again[name] += [r.ttft * 1000 for r in repeats(base, salt)]
-            won["one"] += turn_one["localllm"] >= turn_one["llama-server"]
-            won["four"] += turn_four["localllm"] >= turn_four["llama-server"]
+            turn = {name: one_turn(servers[name].base) for name in order}
+            for key, (_, higher, _) in FIGURES.items():
+                mine, theirs = (statistics.median(turn[n][key]) for n in names)
+                won[key] += mine >= theirs if higher else mine <= theirs
+                for n in names:
+                    rows[key][n] += turn[n][key]
             print(
-                rnd, {n: (round(turn_one[n], 1), round(turn_four[n], 1)) for n in names}, flush=True
+                rnd,
+                {n: {k: round(statistics.median(v), 1) for k, v in turn[n].items()} for n in names},
+                flush=True,
             )
     finally:
         for server in servers.values():
             server.stop()
 
-    def line(what: str, rows: dict[str, list[float]], wins: int | None) -> None:
-        a, b = (statistics.median(rows[n]) for n in names)
-        span = "  ".join(f"{n} {min(rows[n]):.1f}-{max(rows[n]):.1f}" for n in names)
-        tail = f", localllm ahead in {wins} of {args.rounds} turns" if wins is not None else ""
-        print(f"{what:34} {a:8.1f} {b:8.1f}  ratio {a / b:.3f}{tail}  ({span})")
+    def line(key: str) -> None:
+        what, _, per_turn = FIGURES[key]
+        a, b = (statistics.median(rows[key][n]) for n in names)
+        span = "  ".join(f"{n} {min(rows[key][n]):.2f}-{max(rows[key][n]):.2f}" for n in names)
+        share = f", localllm better in {won[key]} of {args.rounds} turns"
+        print(
+            f"{what:42} {a:8.2f} {b:8.2f}  ratio {a / b:.3f}{share if per_turn else ''}  ({span})"
+        )
 
-    print(f"\nmedians over {args.rounds} turns{'':12}{names[0]:>8} {names[1]:>8}")
-    line("one stream, decode tokens/s", one, won["one"])
-    line("four streams, aggregate tokens/s", four, won["four"])
-    line("four streams, slowest first token ms", first, None)
-    line("follow-up, first token ms", follow, None)
-    line("the same request again, first token ms", again, None)
+    print(f"\nmedians over {args.rounds} turns{'':20}{names[0]:>8} {names[1]:>8}")
+    for key in FIGURES:
+        line(key)
 
 
 if __name__ == "__main__":
