@@ -126,7 +126,7 @@ class Settings:
     kv_cache_type: str = "f16"  # f16 | q8_0 | q4_0: a quantized KV cache fits longer contexts
     deterministic: bool = False  # requests run alone, output independent of the cache
     max_body_bytes: int = 8 * 1024 * 1024
-    stream_interval_ms: int = 20  # streamed text is framed at most this often (first at once)
+    stream_interval_ms: int = 20  # a stream frames at most this often (first at once); n open: n x
     prompt_cache_ram_mb: int | None = None  # None: a quarter of available memory, <= 8 GiB
     prompt_cache_disk_mb: int = 2048  # 0 turns the disk tier off
     context_policy: str = "error"  # API prompts over the context: error | truncate-oldest

@@ -19,6 +19,7 @@ from localllm.engine.client import EngineClient
 from localllm.server.admin import router as admin_router
 from localllm.server.anthropic.routes import router as anthropic_router
 from localllm.server.errors import install_error_handlers
+from localllm.server.framing import Streams
 from localllm.server.guard import Guard, origin_pattern
 from localllm.server.llamacpp.lora import router as lora_router
 from localllm.server.llamacpp.rerank import router as rerank_router
@@ -104,6 +105,7 @@ def create_app(
     app = FastAPI(title="localllm", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.engine = engine
     app.state.settings = settings
+    app.state.streams = Streams()  # the paced streams open: they share a frame rate
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(admin_router)

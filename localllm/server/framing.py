@@ -2,13 +2,16 @@
 events (OpenAI, Anthropic) or newline-delimited JSON (Ollama).
 
 The first piece goes out at once; after that, at most one frame every `interval_s`
-(deltas that arrive meanwhile share a frame). Each frame costs the client a JSON parse,
-and on a machine whose cores all decode, that work comes out of the model's time; a
-frame every 20 ms is still smooth to a reader. A failure after the first frame ends the
-body with the API's own error frame. While nothing is said for KEEP_ALIVE_S (a long
-prompt being read on a CPU takes minutes), a keep-alive frame goes out where the API has
-one: Node's HTTP client, which Claude Code and other agents use, drops a body that sends
-nothing for 300 s, and then sends the whole request again.
+(deltas that arrive meanwhile share a frame). Each frame costs the client a JSON parse
+and the server a write, and on a machine whose cores all decode, that work comes out of
+the model's time; a frame every 20 ms is still smooth to a reader. Streams open at the
+same time share that rate (`Pace`): with n of them, each frames at most every n
+intervals, so concurrent clients cost the model no more frames than one does. A failure
+after the first frame ends the body with the API's own error frame. While nothing is
+said for KEEP_ALIVE_S (a long prompt being read on a CPU takes minutes), a keep-alive
+frame goes out where the API has one: Node's HTTP client, which Claude Code and other
+agents use, drops a body that sends nothing for 300 s, and then sends the whole request
+again.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import StreamingResponse
@@ -44,11 +48,31 @@ def ndjson(payload: dict[str, Any]) -> bytes:
     return _dumps(payload).encode("utf-8") + b"\n"
 
 
+@dataclass(slots=True)
+class Streams:
+    """How many paced streams one server has open (all its APIs together)."""
+
+    open: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How often a stream may frame: every `interval_s` while it is the only one open,
+    every n intervals while n are (what that saves four streams: docs/benchmarks.md,
+    "Streams share one frame rate")."""
+
+    interval_s: float
+    streams: Streams
+
+    def interval(self) -> float:
+        return self.interval_s * max(1, self.streams.open)
+
+
 async def paced(
     stream: ChunkStream,
     encode: Callable[[Delta], Iterable[bytes]],
     *,
-    interval_s: float,
+    pace: Pace,
     on_error: Callable[[Exception], bytes],
     head: Iterable[bytes] = (),
     tail: Iterable[bytes] = (),
@@ -57,14 +81,16 @@ async def paced(
 ) -> AsyncGenerator[bytes, None]:
     """`head`, then the frames `encode` makes of each delta, then `tail` (also after an
     error frame). An `encode` that has nothing to say for a delta returns no frames.
-    `keep_alive` goes out after each KEEP_ALIVE_S with nothing to say."""
+    `keep_alive` goes out after each KEEP_ALIVE_S with nothing to say. The stream counts
+    as open in `pace` from its first delta on until it ends."""
     last_sent = float("-inf")
 
     def due_in() -> float:
-        return max(0.0, last_sent + interval_s - clock())
+        return max(0.0, last_sent + pace.interval() - clock())
 
     for frame in head:
         yield frame
+    pace.streams.open += 1
     try:
         quiet_s = KEEP_ALIVE_S if keep_alive is not None else None
         async for delta in stream.deltas(due_in, quiet_s):
@@ -77,6 +103,7 @@ async def paced(
     except Exception as exc:  # after the first frame: an error frame, then the end
         yield on_error(exc)
     finally:
+        pace.streams.open -= 1
         stream.cancel()
     for frame in tail:
         yield frame

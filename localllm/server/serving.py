@@ -36,9 +36,11 @@ def settings_of(request: Request) -> Settings:
     return settings
 
 
-def interval(request: Request) -> float:
-    """Seconds between two frames of a stream (`stream_interval_ms`)."""
-    return settings_of(request).stream_interval_ms / 1000.0
+def pace(request: Request) -> framing.Pace:
+    """How often a stream of this request may frame (`stream_interval_ms`, shared by the
+    server's open streams)."""
+    streams: framing.Streams = request.app.state.streams
+    return framing.Pace(settings_of(request).stream_interval_ms / 1000.0, streams)
 
 
 async def on_disconnect(request: Request, then: Callable[[], None]) -> None:

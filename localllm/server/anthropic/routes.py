@@ -33,7 +33,7 @@ from localllm.server.media import off_loop, prefetch
 from localllm.server.serving import (
     collect,
     engine_of,
-    interval,
+    pace,
     settings_of,
     start,
     start_streamed,
@@ -139,7 +139,7 @@ async def messages(body: MessagesBody, request: Request) -> JSONResponse | Strea
         frames = paced(
             stream,
             _Blocks().encode,
-            interval_s=interval(request),
+            pace=pace(request),
             on_error=failed,
             head=(sse_event("message_start", {"type": "message_start", "message": head}),),
             keep_alive=ping,

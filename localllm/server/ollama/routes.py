@@ -51,7 +51,7 @@ from localllm.server.ollama.schemas import (
     _Common,
     model_name,
 )
-from localllm.server.serving import collect, interval, start
+from localllm.server.serving import collect, pace, start
 from localllm.units import format_params
 
 router = APIRouter()
@@ -194,7 +194,7 @@ async def _answer(
     frames = paced(
         stream,
         reply.lines,
-        interval_s=interval(request),
+        pace=pace(request),
         on_error=lambda exc: ndjson(stream_error(exc, "/api/")),
     )
     return streaming(frames, "application/x-ndjson")

@@ -20,7 +20,7 @@ from localllm.server.media import off_loop, prefetch
 from localllm.server.model_facts import capabilities, damage_of, meta_of
 from localllm.server.openai import shapes
 from localllm.server.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from localllm.server.serving import collect, engine_of, interval, start, start_streamed, who
+from localllm.server.serving import collect, engine_of, pace, start, start_streamed, who
 from localllm.server.wire import now as wire_now
 
 router = APIRouter()
@@ -66,7 +66,7 @@ async def _respond(
         frames = paced(
             stream,
             encode,
-            interval_s=interval(request),
+            pace=pace(request),
             on_error=lambda exc: sse(stream_error(exc)),
             tail=(SSE_DONE,),
             keep_alive=SSE_COMMENT,

@@ -43,7 +43,7 @@ from localllm.server.responses.store import ResponseStore
 from localllm.server.serving import (
     collect,
     engine_of,
-    interval,
+    pace,
     settings_of,
     start,
     start_streamed,
@@ -195,7 +195,7 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
         paced_frames = paced(
             stream,
             encode,
-            interval_s=interval(request),
+            pace=pace(request),
             on_error=failed,
             head=head,
             keep_alive=SSE_COMMENT,
