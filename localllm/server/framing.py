@@ -59,7 +59,7 @@ class Streams:
 class Pace:
     """How often a stream may frame: every `interval_s` while it is the only one open,
     every n intervals while n are (what that saves four streams: docs/benchmarks.md,
-    "Streams share one frame rate")."""
+    "Every figure paired, and streams that share one frame rate")."""
 
     interval_s: float
     streams: Streams
