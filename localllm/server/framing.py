@@ -82,7 +82,7 @@ async def paced(
     """`head`, then the frames `encode` makes of each delta, then `tail` (also after an
     error frame). An `encode` that has nothing to say for a delta returns no frames.
     `keep_alive` goes out after each KEEP_ALIVE_S with nothing to say. The stream counts
-    as open in `pace` from its first delta on until it ends."""
+    as open in `pace` from the end of `head` until its last delta is out."""
     last_sent = float("-inf")
 
     def due_in() -> float:
