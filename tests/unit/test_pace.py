@@ -76,3 +76,28 @@ async def test_open_streams_are_counted_until_each_ends_however_it_ends() -> Non
     await frames["gone"].aclose()
     assert streams.open == 0
     assert left.is_set()  # and its generation is cancelled
+
+
+async def test_a_stream_frames_at_the_shared_rate_while_another_is_open() -> None:
+    """The clock is the test's: 70 ms after a stream's first frame its next one is due
+    alone (every 50 ms) but not while a second stream shares the rate (every 100 ms); it
+    goes out once the other ends."""
+    loop = asyncio.get_running_loop()
+    streams = Streams()
+    pace = Pace(0.05, streams)
+    now = [100.0]
+    mine, other = _stream(loop, "a"), _stream(loop, "x")
+    frames = paced(mine, _text_frames, pace=pace, on_error=lambda exc: b"error",
+                   clock=lambda: now[0])
+    others = paced(other, _text_frames, pace=pace, on_error=lambda exc: b"error")
+    assert await anext(frames) == b"a"  # the first piece at once
+    assert await anext(others) == b"x"
+    mine.feed(Chunk("b", (1,)))
+    waiting = asyncio.create_task(anext(frames))
+    await asyncio.sleep(0.05)  # the reader notes when "a" went out (100.0 by the test's clock)
+    now[0] += 0.07
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # due at 100.1 by the test's clock, which says 100.07
+    await others.aclose()  # the other stream ends: one stream's rate again
+    assert await asyncio.wait_for(waiting, 5) == b"b"
+    await frames.aclose()
