@@ -100,8 +100,11 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     rows: dict[str, list[float]] = {}
     # one client for every request, as an IDE or SDK keeps one: a new client per request
-    # would put its own setup (~20 ms of CPU) into every first-token figure
-    client = httpx.Client(base_url=base, timeout=600, limits=httpx.Limits(max_connections=8))
+    # would put its own setup (~20 ms of CPU) into every first-token figure. Idle
+    # connections go after 1 s, before a server's own keep-alive ends (5 s for uvicorn and
+    # llama-server): one reused as the server closes it fails the request
+    limits = httpx.Limits(max_connections=8, keepalive_expiry=1)
+    client = httpx.Client(base_url=base, timeout=600, limits=limits)
     try:
         for r in range(args.rounds):
             sys.stderr.write(f"round {r + 1}/{args.rounds} on {model} at {base}\n")
