@@ -100,10 +100,10 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return 1
     rows: dict[str, list[float]] = {}
     # one client for every request, as an IDE or SDK keeps one: a new client per request
-    # would put its own setup (~20 ms of CPU) into every first-token figure. Idle
-    # connections go after 1 s, before a server's own keep-alive ends (5 s for uvicorn and
-    # llama-server): one reused as the server closes it fails the request
-    limits = httpx.Limits(max_connections=8, keepalive_expiry=1)
+    # would put its own setup (~20 ms of CPU) into every first-token figure. A new
+    # connection for each request, though: llama-server closes some kept-alive ones after
+    # a streamed answer, and a request sent on one of those fails
+    limits = httpx.Limits(max_keepalive_connections=0)
     client = httpx.Client(base_url=base, timeout=600, limits=limits)
     try:
         for r in range(args.rounds):
