@@ -5,12 +5,18 @@ tokens, sizes and a SHA-256 of the bytes), which is written last and makes it co
 States are hashed and written on a writer thread of the tier's own, at the idle
 scheduling class on Linux: for a 2,750-token conversation of the starter (63 MB) that
 took 180 ms here, which a request waiting for the slot the conversation held would
-otherwise wait for (benchmarks/bench_cache.py, part d). The writer touches only files
-and its two queues; the worker thread takes the finished writes into each folder's index
-(`take_written`, before each request) and waits for all of them when a model unloads
-(`flush`, and so at shutdown). Everything else here runs on the worker thread.
+otherwise wait for (benchmarks/bench_cache.py, part d). It writes only once the engine
+has been quiet for QUIET_S (the worker says when: `quiet`), CHUNK bytes at a time: a
+Python thread that the kernel leaves waiting for a core while it holds the GIL holds up
+the event loop and the worker with it, and at the idle class beside two decoding cores
+one 5.7 MB state took about 4 s to write, across a conversation's requests
+(docs/benchmarks.md, "The disk writer waits for a quiet engine"). The writer touches
+only files and its queues; the worker thread takes the finished writes into each
+folder's index (`take_written`, before each request) and waits for all of them when a
+model unloads (`flush`, which writes at once, and so at shutdown). Everything else here
+runs on the worker thread.
 
-A writer that falls behind (the machine never idle) holds at most MAX_WAITING_BYTES of
+A writer that falls behind (the engine never quiet) holds at most MAX_WAITING_BYTES of
 states; past that a state stays in RAM only, as it would with the disk tier off.
 """
 
@@ -26,15 +32,18 @@ import queue
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from localllm.backends.base import KVSnapshot, LoadedModel
 
 log = logging.getLogger(__name__)
 
 MAX_WAITING_BYTES = 512 * 1024 * 1024  # states queued for the writer, at most
+QUIET_S = 0.05  # how long the engine has been quiet before a chunk is written
+CHUNK = 4 * 1024 * 1024  # bytes hashed and written between two looks at the engine
 
 
 def exact_n(state: KVSnapshot | DiskEntry) -> int:
@@ -160,6 +169,30 @@ class DiskWriter:
         self._written: queue.Queue[_Write] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.waiting = 0  # bytes queued and not yet taken back from the writer
+        self._quiet = threading.Event()  # the engine decodes nothing (set: standalone use)
+        self._quiet.set()
+        self._busy_turns = 0  # times the engine turned busy: a quiet spell that was broken
+        self._hurry = threading.Event()  # a flush waits: write without waiting for quiet
+
+    def quiet(self, yes: bool) -> None:
+        """The engine has nothing to decode (True) or has (False); on the worker thread."""
+        if yes == self._quiet.is_set():
+            return
+        if yes:
+            self._quiet.set()
+        else:
+            self._busy_turns += 1
+            self._quiet.clear()
+
+    def _settle(self) -> None:
+        """Return once the engine has been quiet for QUIET_S, or at once in a flush."""
+        while not self._hurry.is_set():
+            if not self._quiet.wait(QUIET_S):
+                continue
+            turns = self._busy_turns
+            time.sleep(QUIET_S)
+            if self._quiet.is_set() and turns == self._busy_turns:
+                return
 
     def write(self, shelf: Shelf, model: LoadedModel, key: str, snap: KVSnapshot, tag: str) -> None:
         """Send a state to disk unless it is there or on its way (or over the budget)."""
@@ -212,8 +245,12 @@ class DiskWriter:
                 job.shelf.add(job.key, job.entry, self.budget)
 
     def flush(self) -> None:
-        """Wait until every state on its way to disk is there, and index them."""
-        self._writes.join()
+        """Write every state on its way to disk now, wait for them, and index them."""
+        self._hurry.set()
+        try:
+            self._writes.join()
+        finally:
+            self._hurry.clear()
         self.take_written()
 
     def _run(self) -> None:
@@ -225,23 +262,37 @@ class DiskWriter:
         while True:
             job = self._writes.get()
             try:
-                job.done = _write_files(job)
+                job.done = _write_files(job, self._settle)
                 self._written.put(job)
             finally:
                 self._writes.task_done()
 
 
-def _write_files(job: _Write) -> bool:
-    """The state's bytes, then its sidecar, each written whole under a temporary name."""
+def _write_files(job: _Write, settle: Callable[[], None]) -> bool:
+    """The state's bytes, then its sidecar, each written whole under a temporary name;
+    `settle` returns when the next CHUNK of the bytes may be written."""
     folder = job.shelf.dir
+    digest = hashlib.sha256()
+
+    def state(fh: BinaryIO) -> None:
+        data = memoryview(job.data).cast("B")
+        for at in range(0, len(data), CHUNK):
+            if at:
+                settle()
+            digest.update(data[at : at + CHUNK])
+            fh.write(data[at : at + CHUNK])
+
+    def sidecar(fh: BinaryIO) -> None:
+        fh.write(json.dumps({**job.meta, "sha256": digest.hexdigest()}).encode())
+
+    settle()  # nothing is made before the first chunk may be written
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {**job.meta, "sha256": hashlib.sha256(job.data).hexdigest()}
-        for suffix, blob in ((".kv", job.data), (".json", json.dumps(meta).encode())):
+        for suffix, write in ((".kv", state), (".json", sidecar)):
             fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
             try:
                 with os.fdopen(fd, "wb") as fh:
-                    fh.write(blob)
+                    write(fh)
                 os.replace(tmp, folder / f"{job.key}{suffix}")
             except OSError:
                 with contextlib.suppress(OSError):

@@ -196,6 +196,11 @@ class PromptCache:
             log.warning("a saved KV state did not load; this request runs cold")
             self._ram.pop((mine, name), None)
 
+    def quiet(self, yes: bool) -> None:
+        """The engine has nothing to decode (True) or has: the disk writer writes only
+        in a quiet spell (engine/kv_disk.py)."""
+        self._writer.quiet(yes)
+
     def finished(self, key: str, seq: int, cached_tokens: int) -> None:
         """After a request: count the hit; the sequence's live state has changed."""
         self.hits += cached_tokens > 0

@@ -222,6 +222,7 @@ class Worker:
         False when asked to stop."""
         resident = self.residency.resident
         busy = [r for r in list(resident.values()) if r.scheduler.busy]
+        self.cache.quiet(not busy)
         try:
             # with requests running, only look for new ones; idle, unload what has
             # expired and sleep until a job comes or the next model expires

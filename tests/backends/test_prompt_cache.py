@@ -178,10 +178,10 @@ def test_a_request_does_not_wait_for_the_state_it_parks_to_reach_disk(
     gate, writing = threading.Event(), threading.Event()
     real = kv_disk._write_files
 
-    def held(job: object) -> bool:
+    def held(job: object, settle: object) -> bool:
         writing.set()
         gate.wait(120)
-        return real(job)  # type: ignore[arg-type]
+        return real(job, settle)  # type: ignore[arg-type]
 
     monkeypatch.setattr(kv_disk, "_write_files", held)
     engine = make(tmp_path, prompt_cache_disk_mb=256)

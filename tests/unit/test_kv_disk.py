@@ -32,10 +32,10 @@ def test_a_writer_that_falls_behind_keeps_the_next_states_in_ram_only(
     gate, writing = threading.Event(), threading.Event()
     real = kv_disk._write_files
 
-    def held(job: Any) -> bool:
+    def held(job: Any, settle: Any) -> bool:
         writing.set()
         gate.wait(30)
-        return real(job)
+        return real(job, settle)
 
     monkeypatch.setattr(kv_disk, "_write_files", held)
     monkeypatch.setattr(kv_disk, "MAX_WAITING_BYTES", 100)
@@ -52,3 +52,36 @@ def test_a_writer_that_falls_behind_keeps_the_next_states_in_ram_only(
     writer.write(shelf, Bytes(), "second", state(80, 1000), "")  # type: ignore[arg-type]
     writer.flush()  # caught up: the next state goes to disk again
     assert set(shelf.entries) == {"first", "second"}
+
+
+def test_states_go_to_disk_only_while_the_engine_is_quiet_and_at_once_in_a_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """A write waits while the engine decodes (its thread would hold the GIL while the
+    kernel leaves it waiting for a core); a quiet engine gets it written, in chunks; a
+    flush (unload, shutdown) writes at once, busy or not."""
+    monkeypatch.setattr(kv_disk, "QUIET_S", 0.01)
+    monkeypatch.setattr(kv_disk, "CHUNK", 7)  # a state of 20 bytes: three chunks
+    writer, shelf = kv_disk.DiskWriter(budget=10_000), kv_disk.Shelf(tmp_path / "model")
+    writer.quiet(False)
+    writer.write(shelf, Bytes(), "busy", state(20, 0), "")  # type: ignore[arg-type]
+    threading.Event().wait(0.3)  # the writer had time to write, had it not waited
+    writer.take_written()
+    assert shelf.writing == {"busy"} and not shelf.dir.exists()
+    writer.flush()  # still busy: written now all the same
+    assert set(shelf.entries) == {"busy"} and (shelf.dir / "busy.kv").read_bytes() == bytes(20)
+
+    writer.write(shelf, Bytes(), "quiet", state(20, 100), "")  # type: ignore[arg-type]
+    threading.Event().wait(0.2)
+    assert not (shelf.dir / "quiet.json").exists()
+    writer.quiet(True)
+    for _ in range(300):
+        writer.take_written()
+        if "quiet" in shelf.entries:
+            break
+        threading.Event().wait(0.05)
+    assert set(shelf.entries) == {"busy", "quiet"}
+    assert (shelf.dir / "quiet.kv").read_bytes() == bytes(20)
+    reread = kv_disk.Shelf(tmp_path / "model")
+    reread.index()  # the sidecars' hashes match the bytes written in chunks
+    assert set(reread.entries) == {"busy", "quiet"}
