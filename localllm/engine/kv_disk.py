@@ -185,10 +185,13 @@ class DiskWriter:
             self._quiet.clear()
 
     def _settle(self) -> None:
-        """Return once the engine has been quiet for QUIET_S, or at once in a flush."""
+        """Return once the engine has been quiet for QUIET_S, or at once in a flush. The
+        waits have no timeout: each time a thread of the idle class wakes while the cores
+        decode, it may be left holding the GIL."""
         while not self._hurry.is_set():
-            if not self._quiet.wait(QUIET_S):
-                continue
+            self._quiet.wait()
+            if self._hurry.is_set():
+                return
             turns = self._busy_turns
             time.sleep(QUIET_S)
             if self._quiet.is_set() and turns == self._busy_turns:
@@ -247,6 +250,7 @@ class DiskWriter:
     def flush(self) -> None:
         """Write every state on its way to disk now, wait for them, and index them."""
         self._hurry.set()
+        self._quiet.set()  # wakes a waiting writer (the worker says busy again after)
         try:
             self._writes.join()
         finally:

@@ -71,6 +71,7 @@ def test_states_go_to_disk_only_while_the_engine_is_quiet_and_at_once_in_a_flush
     writer.flush()  # still busy: written now all the same
     assert set(shelf.entries) == {"busy"} and (shelf.dir / "busy.kv").read_bytes() == bytes(20)
 
+    writer.quiet(False)  # the worker's next turn: still decoding
     writer.write(shelf, Bytes(), "quiet", state(20, 100), "")  # type: ignore[arg-type]
     threading.Event().wait(0.2)
     assert not (shelf.dir / "quiet.json").exists()
