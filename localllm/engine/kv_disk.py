@@ -9,7 +9,7 @@ otherwise wait for (benchmarks/bench_cache.py, part d). It writes only once the 
 has been quiet for QUIET_S (the worker says when: `quiet`), CHUNK bytes at a time: a
 Python thread that the kernel leaves waiting for a core while it holds the GIL holds up
 the event loop and the worker with it, and at the idle class beside two decoding cores
-a 4 MB state took up to 1.9 s to write and a 37 MB one up to 10 s, across a
+a 4-6 MB state took up to 4.8 s to write and a 33-39 MB one up to 10 s, across a
 conversation's requests (docs/benchmarks.md, "One HTTP client per run, and a disk
 writer that waits for a quiet engine"). The writer touches
 only files and its queues; the worker thread takes the finished writes into each

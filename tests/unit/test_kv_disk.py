@@ -20,9 +20,13 @@ class Bytes:
     def dump_kv(self, snapshot: KVSnapshot) -> bytes:
         return bytes(snapshot.payload)
 
+    def undump_kv(self, tokens: Any, data: bytes) -> KVSnapshot:
+        return KVSnapshot(tuple(tokens), len(data), data)
+
 
 def state(n: int, first: int) -> KVSnapshot:
-    return KVSnapshot(tuple(range(first, first + n)), nbytes=n, payload=bytes(n))
+    payload = bytes(i % 251 for i in range(first, first + n))  # no two chunks alike
+    return KVSnapshot(tuple(range(first, first + n)), nbytes=n, payload=payload)
 
 
 def test_a_writer_that_falls_behind_keeps_the_next_states_in_ram_only(
@@ -69,7 +73,8 @@ def test_states_go_to_disk_only_while_the_engine_is_quiet_and_at_once_in_a_flush
     writer.take_written()
     assert shelf.writing == {"busy"} and not shelf.dir.exists()
     writer.flush()  # still busy: written now all the same
-    assert set(shelf.entries) == {"busy"} and (shelf.dir / "busy.kv").read_bytes() == bytes(20)
+    written = (shelf.dir / "busy.kv").read_bytes()
+    assert set(shelf.entries) == {"busy"} and written == state(20, 0).payload
 
     writer.quiet(False)  # the worker's next turn: still decoding
     writer.write(shelf, Bytes(), "quiet", state(20, 100), "")  # type: ignore[arg-type]
@@ -82,7 +87,10 @@ def test_states_go_to_disk_only_while_the_engine_is_quiet_and_at_once_in_a_flush
             break
         threading.Event().wait(0.05)
     assert set(shelf.entries) == {"busy", "quiet"}
-    assert (shelf.dir / "quiet.kv").read_bytes() == bytes(20)
+    assert (shelf.dir / "quiet.kv").read_bytes() == state(20, 100).payload
     reread = kv_disk.Shelf(tmp_path / "model")
-    reread.index()  # the sidecars' hashes match the bytes written in chunks
+    reread.index()
     assert set(reread.entries) == {"busy", "quiet"}
+    for key, first in (("busy", 0), ("quiet", 100)):  # read checks the sidecar's SHA-256
+        snap = reread.read(key, Bytes())  # type: ignore[arg-type]
+        assert snap is not None and snap.payload == state(20, first).payload
