@@ -10,6 +10,7 @@ by `LOCALLLM_CONFIG`. Keys are the field names of `Settings`, for example::
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import math
@@ -491,15 +492,15 @@ def _validate_agent(s: Settings) -> None:
         )
     if not 1 <= s.agent_steps <= MAX_AGENT_STEPS:
         raise ConfigError(f"agent_steps must be 1 to {MAX_AGENT_STEPS}, got {s.agent_steps}")
-    names = [m.name for m in s.mcp_servers]
+    names = collections.Counter(m.name for m in s.mcp_servers)
     for m in s.mcp_servers:
         if not m.name or not m.name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(
                 f"mcp server name {m.name!r}: letters, digits, - and _ only (its tools are "
                 "offered as NAME__TOOL)"
             )
-        if names.count(m.name) > 1:
-            raise ConfigError(f"mcp server name {m.name!r} is given {names.count(m.name)} times")
+        if names[m.name] > 1:
+            raise ConfigError(f"mcp server name {m.name!r} is given {names[m.name]} times")
         if (m.command is None) == (m.url is None):
             raise ConfigError(
                 f"mcp server '{m.name}': give a command (stdio) or a url (streamable HTTP), "

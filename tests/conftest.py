@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import hypothesis
 import pytest
 
 from localllm.backends import all_backends
@@ -25,6 +26,17 @@ from localllm.models.store import ModelStore
 # on each other)
 THREADS = 1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 2
 F = TypeVar("F", bound=Callable[..., Any])
+
+# -- Hypothesis: a small profile in the suite, `make fuzz` the large one -----------------
+# (a test that sets max_examples itself, as the schemathesis ones do, keeps its own)
+_QUIET = list(hypothesis.HealthCheck)
+hypothesis.settings.register_profile(
+    "suite", max_examples=60, deadline=None, suppress_health_check=_QUIET
+)
+hypothesis.settings.register_profile(
+    "fuzz", max_examples=10_000, deadline=None, suppress_health_check=_QUIET
+)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "suite"))
 
 # -- test tiers ----------------------------------------------------------------------------
 # `model`: the test reads or loads the real starter model; `process`: it starts a process

@@ -9,33 +9,50 @@ import asyncio
 import contextlib
 import difflib
 import os
-import re
+import secrets
 import signal
-from pathlib import Path
+import time
+from collections.abc import Iterator
+from pathlib import PurePosixPath
 from typing import Any
 
 from localllm.agent.tool import Preview, Tool, bounded
 from localllm.agent.workspace import ToolRefused, Workspace
+from localllm.fsguard import PathRefused
 
 MAX_FILE_BYTES = 2_000_000  # a file larger than this is not read or edited whole
 MAX_LISTED = 500
 MAX_MATCHES = 200
+SEARCH_TIME_S = 20.0  # a search stops here and says how far it got
 SKIPPED_DIRS = frozenset({".git", ".hg", ".svn", "node_modules", "__pycache__", ".venv"})
 COMMAND_TIMEOUT_S = 30.0
 MAX_COMMAND_TIMEOUT_S = 600.0
 OUTPUT_LIMIT = 8_000  # characters of a command's output the model gets back
+DRAIN_S = 2.0  # how long a command's output is read after it exits and its group is killed
 
 
-def _text_of(path: Path, shown: str) -> str:
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise ToolRefused(
-            f"{shown} is {size:,} bytes; the tools read files up to {MAX_FILE_BYTES:,} bytes"
-        )
-    data = path.read_bytes()
+@contextlib.contextmanager
+def _told() -> Iterator[None]:
+    """Whatever the file system refuses, or fails at, becomes a text for the model."""
+    try:
+        yield
+    except PathRefused as exc:
+        raise ToolRefused(str(exc)) from None
+    except OSError as exc:
+        raise ToolRefused(exc.strerror or str(exc)) from None
+
+
+def _text_of(ws: Workspace, name: str) -> str:
+    with _told():
+        data = ws.fs.read_bytes(name, limit=MAX_FILE_BYTES)
     if b"\x00" in data[:8192]:
-        raise ToolRefused(f"{shown} is a binary file")
+        raise ToolRefused(f"{name} is a binary file")
     return data.decode("utf-8", errors="replace")
+
+
+def _kind(ws: Workspace, name: str) -> str | None:
+    with _told():
+        return ws.fs.kind(name)
 
 
 class ReadFile(Tool):
@@ -59,13 +76,15 @@ class ReadFile(Tool):
         self.ws = ws
 
     def refusal(self, args: dict[str, Any]) -> None:
-        if self.ws.path(args["path"]).is_dir():
+        kind = _kind(self.ws, args["path"])
+        if kind is None:
+            raise ToolRefused(f"{args['path']} does not exist (in {self.ws.root})")
+        if kind == "folder":
             raise ToolRefused(f"{args['path']} is a folder: list it with list_folder")
 
     async def call(self, args: dict[str, Any]) -> str:
         self.refusal(args)
-        path = self.ws.path(args["path"])
-        lines = _text_of(path, args["path"]).splitlines()
+        lines = _text_of(self.ws, args["path"]).splitlines()
         start = args.get("start_line", 1)
         end = start - 1 + args["max_lines"] if "max_lines" in args else len(lines)
         part = "\n".join(lines[start - 1 : end])
@@ -90,29 +109,61 @@ class ListFolder(Tool):
         self.ws = ws
 
     def refusal(self, args: dict[str, Any]) -> None:
-        if not self.ws.path(args.get("path") or ".").is_dir():
+        kind = _kind(self.ws, args.get("path") or ".")
+        if kind is None:
+            raise ToolRefused(f"{args.get('path')} does not exist (in {self.ws.root})")
+        if kind != "folder":
             raise ToolRefused(f"{args.get('path')} is a file: read it with read_file")
 
     async def call(self, args: dict[str, Any]) -> str:
-        self.refusal(args)
-        path = self.ws.path(args.get("path") or ".")
-        entries = sorted(path.iterdir(), key=lambda p: (not p.is_dir(), p.name.lower()))
+        top = args.get("path") or "."
+        with _told():
+            entries = self.ws.fs.list(top)
+        entries.sort(key=lambda e: (e.kind != "folder", e.name.lower()))
         rows = []
-        for entry in entries[:MAX_LISTED]:
-            if entry.is_dir():
-                rows.append(f"{entry.name}/")
+        for e in entries[:MAX_LISTED]:
+            if e.kind == "folder":
+                rows.append(f"{e.name}/")
+            elif e.kind == "file":
+                rows.append(f"{e.name}  {e.size:,} bytes")
+            elif e.kind == "link":
+                rows.append(f"{e.name}  {self._link(top, e.name)}")
             else:
-                with contextlib.suppress(OSError):
-                    rows.append(f"{entry.name}  {entry.stat().st_size:,} bytes")
+                rows.append(f"{e.name}  ({e.kind})")
         if len(entries) > MAX_LISTED:
             rows.append(f"[{MAX_LISTED} of {len(entries)} entries shown]")
         return "\n".join(rows) or "(empty folder)"
+
+    def _link(self, top: str, name: str) -> str:
+        try:
+            kind = self.ws.fs.kind(str(PurePosixPath(top) / name))
+        except PathRefused:
+            return "(a symlink out of the folder: not usable)"
+        return f"(a symlink to a {kind or 'missing file'})"
+
+
+def _compile(pattern: str) -> Any:
+    """The pattern as RE2 (google-re2): its time is linear in the text searched, so no
+    pattern can stall the search; one RE2 cannot run (a backreference, a lookaround) is
+    refused with the reason."""
+    import re2
+
+    options = re2.Options()
+    options.log_errors = False  # its parse errors go to the model, not the terminal
+    try:
+        return re2.compile(pattern, options=options)
+    except re2.error as exc:
+        why = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise ToolRefused(
+            f"the pattern is not a regular expression the search runs (RE2 syntax: no "
+            f"backreferences or lookarounds): {why}"
+        ) from None
 
 
 class SearchFiles(Tool):
     name = "search_files"
     description = (
-        "Search the text files under a folder for a regular expression; "
+        "Search the text files under a folder for a regular expression (RE2 syntax); "
         "answers file:line: text for each matching line."
     )
     parameters = {
@@ -126,53 +177,45 @@ class SearchFiles(Tool):
         "additionalProperties": False,
     }
 
-    def __init__(self, ws: Workspace) -> None:
+    def __init__(self, ws: Workspace, time_s: float = SEARCH_TIME_S) -> None:
         self.ws = ws
+        self.time_s = time_s
 
     def refusal(self, args: dict[str, Any]) -> None:
-        try:
-            re.compile(args["pattern"])
-        except re.error as exc:
-            raise ToolRefused(f"the pattern is not a regular expression: {exc}") from None
-        self.ws.path(args.get("path") or ".")
+        _compile(args["pattern"])
+        if _kind(self.ws, args.get("path") or ".") is None:
+            raise ToolRefused(f"{args.get('path')} does not exist (in {self.ws.root})")
 
     async def call(self, args: dict[str, Any]) -> str:
         self.refusal(args)
-        rx = re.compile(args["pattern"])
-        top = self.ws.path(args.get("path") or ".")
+        rx = _compile(args["pattern"])
+        top = args.get("path") or "."
         return await asyncio.to_thread(self._search, rx, top, args.get("glob"))
 
-    def _search(self, rx: re.Pattern[str], top: Path, glob: str | None) -> str:
+    def _search(self, rx: Any, top: str, glob: str | None) -> str:
         hits: list[str] = []
-        files = [top] if top.is_file() else self._files(top, glob)
-        for path in files:
+        deadline = time.monotonic() + self.time_s
+        with _told():
+            single = self.ws.fs.kind(top) != "folder"
+        files = iter([top]) if single else self.ws.fs.files(top, skip=SKIPPED_DIRS)
+        searched = 0
+        for name in files:
+            if glob and not PurePosixPath(name).match(glob):
+                continue
+            if time.monotonic() > deadline:
+                hits.append(f"[stopped after {self.time_s:g} s: {searched:,} files searched]")
+                break
             try:
-                text = _text_of(path, self.ws.shown(path))
-            except (ToolRefused, OSError):
-                continue  # binary, too large or unreadable: not searched
+                text = _text_of(self.ws, name)
+            except ToolRefused:
+                continue  # binary, too large, unreadable or leading out: not searched
+            searched += 1
             for n, line in enumerate(text.splitlines(), 1):
                 if rx.search(line):
-                    hits.append(f"{self.ws.shown(path)}:{n}: {line.strip()[:200]}")
+                    hits.append(f"{name}:{n}: {line.strip()[:200]}")
                     if len(hits) >= MAX_MATCHES:
                         return "\n".join(hits) + f"\n[stopped at {MAX_MATCHES} matches]"
         return "\n".join(hits) or "no matches"
-
-    def _files(self, top: Path, glob: str | None) -> list[Path]:
-        out = []
-        for folder, dirs, names in os.walk(top):  # symlinked folders are not followed
-            dirs[:] = sorted(d for d in dirs if d not in SKIPPED_DIRS)
-            for name in sorted(names):
-                path = Path(folder) / name
-                if glob and not path.match(glob):
-                    continue
-                if path.is_symlink():  # one leading out of the folder is not read
-                    try:
-                        self.ws.path(str(path))
-                    except ToolRefused:
-                        continue
-                if path.is_file():
-                    out.append(path)
-        return out
 
 
 class EditFile(Tool):
@@ -195,36 +238,35 @@ class EditFile(Tool):
     def __init__(self, ws: Workspace) -> None:
         self.ws = ws
 
-    def _change(self, args: dict[str, Any]) -> tuple[Path, str, str]:
-        path = self.ws.path(args["path"], must_exist=bool(args["old_text"]))
-        old, new = args["old_text"], args["new_text"]
+    def _change(self, args: dict[str, Any]) -> tuple[str, str]:
+        name, old, new = args["path"], args["old_text"], args["new_text"]
+        kind = _kind(self.ws, name)
         if not old:
-            if path.exists():
-                raise ToolRefused(f"{args['path']} exists: give the old_text to replace")
-            return path, "", new
-        if path.is_dir():
-            raise ToolRefused(f"{args['path']} is a folder")
-        before = _text_of(path, args["path"])
+            if kind is not None:
+                raise ToolRefused(f"{name} exists: give the old_text to replace")
+            return "", new
+        if kind is None:
+            raise ToolRefused(f"{name} does not exist (in {self.ws.root})")
+        if kind == "folder":
+            raise ToolRefused(f"{name} is a folder")
+        before = _text_of(self.ws, name)
         count = before.count(old)
         if count != 1:
             raise ToolRefused(
-                f"old_text occurs {count} times in {args['path']}; it must "
+                f"old_text occurs {count} times in {name}; it must "
                 "occur exactly once (give more of the surrounding text)"
             )
-        return path, before, before.replace(old, new, 1)
+        return before, before.replace(old, new, 1)
 
     def refusal(self, args: dict[str, Any]) -> None:
-        try:
-            self._change(args)
-        except OSError as exc:
-            raise ToolRefused(f"{args['path']}: {exc.strerror or exc}") from None
+        self._change(args)
 
     def preview(self, args: dict[str, Any]) -> Preview:
         try:
-            path, before, after = self._change(args)
-        except (ToolRefused, OSError) as exc:
+            before, after = self._change(args)
+            shown = self.ws.fs.shown(self.ws.fs.parts(args["path"]))
+        except (ToolRefused, PathRefused) as exc:
             return Preview(f"{args.get('path')}: {exc} (the model will be told)")
-        shown = self.ws.shown(path)
         diff = difflib.unified_diff(
             before.splitlines(keepends=True),
             after.splitlines(keepends=True),
@@ -234,18 +276,14 @@ class EditFile(Tool):
         return Preview("".join(diff), "diff")
 
     async def call(self, args: dict[str, Any]) -> str:
-        path, before, after = self._change(args)  # checked again: the file may have moved
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.localllm-tmp")
-        try:
-            tmp.write_text(after, encoding="utf-8")
-            if path.exists():
-                os.chmod(tmp, path.stat().st_mode & 0o7777)
-            os.replace(tmp, path)  # whole or not at all
-        finally:
-            tmp.unlink(missing_ok=True)
-        verb = "created" if not before else "edited"
-        return f"{verb} {self.ws.shown(path)} ({len(after.splitlines())} lines)"
+        _, after = self._change(args)  # checked again: the file may have moved
+        with _told():
+            # a new name is created only if nothing took it meanwhile; an edit replaces
+            # the file whole through a temporary name no one else can have made
+            self.ws.fs.write(args["path"], after.encode("utf-8"), new=not args["old_text"])
+            shown = self.ws.fs.shown(self.ws.fs.parts(args["path"]))
+        verb = "created" if not args["old_text"] else "edited"
+        return f"{verb} {shown} ({len(after.splitlines())} lines)"
 
 
 class RunCommand(Tool):
@@ -275,35 +313,64 @@ class RunCommand(Tool):
 
     async def call(self, args: dict[str, Any]) -> str:
         limit = float(args.get("timeout_s", self.timeout_s))
-        proc = await asyncio.create_subprocess_shell(
+        token = secrets.token_hex(8)  # marks every process the command starts
+        started = time.time()
+        loop = asyncio.get_running_loop()
+        transport, run = await loop.subprocess_shell(
+            lambda: _Run(loop),
             args["command"],
             cwd=self.ws.root,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
-            start_new_session=True,  # its own process group: stopped whole
+            start_new_session=True,  # its own session and process group: stopped whole
+            env={**os.environ, RUN_MARK: token},
         )
-        chunks: list[bytes] = []
-        kept = 0
-
-        async def read() -> None:
-            nonlocal kept
-            assert proc.stdout is not None
-            while data := await proc.stdout.read(65536):
-                if kept < OUTPUT_LIMIT:  # the rest is read and dropped (it never blocks)
-                    chunks.append(data)
-                kept += len(data)
-
+        ended = ""
         try:
-            await asyncio.wait_for(asyncio.gather(read(), proc.wait()), limit)
-        except (TimeoutError, asyncio.TimeoutError):
-            _kill_group(proc.pid)
-            await proc.wait()
-            return f"{_output(chunks, kept)}\n[stopped: still running after {limit:g} s]"
-        except asyncio.CancelledError:  # the user stopped the turn
-            _kill_group(proc.pid)
-            raise
-        return f"exit status {proc.returncode}\n{_output(chunks, kept)}"
+            try:  # the shell's exit, not its pipe's end: a background job may hold the pipe
+                await asyncio.wait_for(asyncio.shield(run.exited), limit)
+            except (TimeoutError, asyncio.TimeoutError):
+                ended = f"\n[stopped: still running after {limit:g} s]"
+            finally:  # returned, timed out or stopped by the user: nothing it started lives on
+                _stop_everything(transport.get_pid(), token, started)
+            try:  # its writers are gone now; one that hid from both kills holds the pipe
+                await asyncio.wait_for(asyncio.shield(run.closed), DRAIN_S)
+            except (TimeoutError, asyncio.TimeoutError):
+                ended += "\n[output cut: a process it started outlived it and was not found]"
+            await run.exited
+        finally:
+            transport.close()
+        if ended.startswith("\n[stopped"):
+            return f"{_output(run.chunks, run.total)}{ended}"
+        code = transport.get_returncode()
+        return f"exit status {code}\n{_output(run.chunks, run.total)}{ended}"
+
+
+class _Run(asyncio.SubprocessProtocol):
+    """A command's output (the first OUTPUT_LIMIT bytes kept, the rest counted), when it
+    exited and when its pipe closed: two moments, since a job it left running can hold
+    the pipe open after the shell is gone."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.chunks: list[bytes] = []
+        self.total = 0
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+
+    def pipe_data_received(self, fd: int, data: bytes | str) -> None:
+        data = data.encode() if isinstance(data, str) else data
+        if self.total < OUTPUT_LIMIT:
+            self.chunks.append(data)
+        self.total += len(data)
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
 
 
 def _output(chunks: list[bytes], total: int) -> str:
@@ -314,9 +381,27 @@ def _output(chunks: list[bytes], total: int) -> str:
     return text
 
 
-def _kill_group(pid: int) -> None:
+RUN_MARK = "LOCALLLM_TOOL_RUN"  # in the environment of everything a command starts
+
+
+def _stop_everything(pgid: int, token: str, started: float) -> None:
+    """Kill the command's process group, then any process still carrying its mark (one
+    that left the group with setsid or a double fork keeps its environment)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+        os.killpg(pgid, signal.SIGKILL)
+    import psutil
+
+    me = os.getuid() if hasattr(os, "getuid") else None
+    for p in psutil.process_iter(["uids", "create_time"]):
+        try:
+            if (p.info["create_time"] or 0) < started - 1:
+                continue  # older than the command: not one of its own
+            if me is not None and p.info["uids"] and p.info["uids"].real != me:
+                continue
+            if p.environ().get(RUN_MARK) == token:
+                p.kill()
+        except (psutil.Error, OSError):
+            continue
 
 
 BUILTIN_NAMES = ("read_file", "list_folder", "search_files", "edit_file", "run_command")

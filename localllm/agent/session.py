@@ -11,6 +11,7 @@ that tool for the conversation. A denied call tells the model it was denied."""
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,11 +20,14 @@ from localllm.agent.tool import Preview, Tool
 from localllm.agent.workspace import ToolRefused
 from localllm.backends.base import ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
+from localllm.fsguard import PathRefused
 
 Decision = Literal["once", "always", "deny", "stop"]
 Status = Literal["ok", "error", "denied", "stopped", "not run"]
 # asks the user about one call: the tool, its checked arguments and what to show
 Approver = Callable[[Tool, dict[str, Any], Preview], Awaitable[Decision]]
+
+log = logging.getLogger(__name__)
 
 DENIED = "The user denied this call; it was not run. Do not try it again unasked."
 
@@ -70,8 +74,10 @@ class AgentSession:
         try:
             args = tool.checked(call.arguments)
             tool.refusal(args)
-        except ToolRefused as exc:
+        except (ToolRefused, PathRefused) as exc:
             return ToolRun(call, f"Not run: {exc}.", "error")
+        except OSError as exc:
+            return ToolRun(call, f"Not run: {exc.strerror or exc}.", "error")
         if tool.name not in self.always:
             decision = await approve(tool, args, tool.preview(args))
             if decision == "stop":
@@ -82,10 +88,13 @@ class AgentSession:
                 self.always.add(tool.name)
         try:
             return ToolRun(call, await tool.call(args), "ok")
-        except ToolRefused as exc:
+        except (ToolRefused, PathRefused) as exc:
             return ToolRun(call, f"Failed: {exc}.", "error")
         except OSError as exc:
             return ToolRun(call, f"Failed: {exc.strerror or exc}.", "error")
+        except Exception as exc:  # a tool's own fault still ends as a result, not a crash
+            log.exception("the tool %s failed", tool.name)
+            return ToolRun(call, f"Failed: {type(exc).__name__}: {exc}.", "error")
 
 
 def call_line(name: str, arguments: str, limit: int = 80) -> str:

@@ -23,6 +23,7 @@ from localllm.errors import (
     LocalLLMError,
     ModelNotFound,
 )
+from localllm.fsguard import PathRefused
 
 # the command modules (`list` and `eval` are listing.py and evaluate.py: a module named
 # like a builtin would shadow it in this package)
@@ -161,6 +162,9 @@ def _main(argv: Sequence[str] | None) -> int:
         return int(args.run(settings, args))
     except (ModelNotFound, ConfigError, DamagedModel, InvalidRequest) as exc:  # bad input
         sys.stderr.write(f"localllm: error: {exc.message}\n")
+        return EXIT_USAGE
+    except PathRefused as exc:  # a user's file not read or written, and why
+        sys.stderr.write(f"localllm: error: {exc}\n")
         return EXIT_USAGE
     except LocalLLMError as exc:
         sys.stderr.write(f"localllm: error: {exc.message}\n")

@@ -320,26 +320,29 @@ def sampling_line(rec: Any) -> str:
 # -- the config file -------------------------------------------------------------------------
 def write_config(path: Path, change: Any) -> Any:
     """Apply `change` to the config document (tomlkit: the user's comments and order
-    stay) and write it back whole, to a temporary file first that is read back as
-    settings before it replaces the old one (a failure leaves the old file); the
-    change's result."""
+    stay) and write it back whole (fsguard: through a symlink, one rename, a temporary
+    name no one else made), once the new text has been read back as settings in a
+    private folder (a change that would not load leaves the old file); the change's
+    result. PathRefused when the file cannot be read or written."""
+    import tempfile
+
     import tomlkit
 
-    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    from localllm.fsguard import read_user_file, write_user_file
+
+    text = read_user_file(path) or ""
     try:
         doc = tomlkit.parse(text)
     except tomlkit.exceptions.ParseError as exc:
         raise ConfigError(f"Cannot read config file {path}: {exc}") from None
     result = change(doc)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(tomlkit.dumps(doc), encoding="utf-8")
-    try:
-        load_settings(env={**os.environ, "LOCALLLM_CONFIG": str(tmp)})
-    except ConfigError:
-        tmp.unlink()
-        raise
-    tmp.replace(path)
+    new = tomlkit.dumps(doc)
+    with tempfile.TemporaryDirectory(prefix="localllm-config-") as private:
+        trial = Path(private) / "config.toml"
+        trial.write_text(new, encoding="utf-8")
+        load_settings(env={**os.environ, "LOCALLLM_CONFIG": str(trial)})
+    if new != text:
+        write_user_file(path, new, backup=False)
     return result
 
 

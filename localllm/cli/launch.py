@@ -1,8 +1,8 @@
 """`localllm launch CLIENT`: point a coding agent or editor at this server, as `ollama
 launch` does. For Codex CLI and opencode it writes their config file (backing up the one
-it changes) and starts the client; for Claude Code it starts it with the environment it
-reads; for aider, Continue and Zed it prints the snippet to use. `--print` changes nothing
-and prints what would be written or set.
+it changes, under a name no earlier backup has) and starts the client; for Claude Code
+it starts it with the environment it reads; for aider, Continue and Zed it prints the
+snippet to use. `--print` changes nothing and prints what would be written or set.
 
 The key: when the server has keys (`localllm keys add`), the client sends
 `LOCALLLM_API_KEY` from the environment; a key is shown only once when made, so it is not
@@ -16,12 +16,12 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from localllm.cli.common import EXIT_USAGE
-from localllm.config import Settings
+from localllm.config import Settings, tomllib
+from localllm.fsguard import PathRefused, read_user_file, write_user_file
 
 CLIENTS = ("claude", "codex", "opencode", "aider", "continue", "zed")
 KEY_ENV = "LOCALLLM_API_KEY"
@@ -45,54 +45,67 @@ def _base(settings: Settings) -> str:
     return f"http://{host}:{settings.port}"
 
 
-def _backup(path: Path) -> Path | None:
-    if not path.exists():
-        return None
-    copy = path.with_name(f"{path.name}.bak-{time.strftime('%Y%m%d-%H%M%S')}")
-    shutil.copy2(path, copy)
-    return copy
+def _codex(base: str, model: str, text: str, path: Path) -> str:
+    """The user's Codex config with our provider and profile merged in (tomlkit: their
+    comments, order and other keys stay; every value is escaped by the serializer)."""
+    import tomlkit
+
+    try:
+        doc: Any = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as exc:
+        raise PathRefused(f"{path} is not valid TOML ({exc}); fix it or move it away") from None
+    ours = {
+        ("model_providers", "localllm"): {
+            "name": "localllm",
+            "base_url": f"{base}/v1",
+            "wire_api": "responses",
+            "env_key": KEY_ENV,
+        },
+        ("profiles", "localllm"): {"model": model, "model_provider": "localllm"},
+    }
+    for (outer, inner), values in ours.items():
+        if outer not in doc:
+            doc.add(outer, tomlkit.table(is_super_table=True))
+        section: Any = doc[outer]
+        if not isinstance(section, dict):
+            raise PathRefused(f"{path}: '{outer}' is not a table; fix it or move it away")
+        if inner not in section:
+            section[inner] = tomlkit.table()
+        table: Any = section[inner]
+        if not isinstance(table, dict):
+            raise PathRefused(f"{path}: '{outer}.{inner}' is not a table; fix it or move it away")
+        table.update(values)  # the user's own keys in our tables stay
+    text = tomlkit.dumps(doc)
+    tomllib.loads(text)  # read back before anything is written: a fault here is ours
+    return text
 
 
-def _codex_block(base: str, model: str) -> str:
-    return (
-        "# written by `localllm launch codex`\n"
-        "[model_providers.localllm]\n"
-        'name = "localllm"\n'
-        f'base_url = "{base}/v1"\n'
-        'wire_api = "responses"\n'
-        f'env_key = "{KEY_ENV}"\n\n'
-        "[profiles.localllm]\n"
-        f'model = "{model}"\n'
-        'model_provider = "localllm"\n'
-    )
-
-
-def _replace_block(text: str, block: str) -> str:
-    """`text` with our earlier block (from its marker to the next foreign table) replaced."""
-    marker = "# written by `localllm launch codex`\n"
-    if marker not in text:
-        return text.rstrip() + ("\n\n" if text.strip() else "") + block
-    head, _, rest = text.partition(marker)
-    ours = ("[model_providers.localllm]", "[profiles.localllm]")
-    lines = rest.splitlines(keepends=True)
-    keep_from = len(lines)
-    for i, line in enumerate(lines):
-        if line.startswith("[") and not line.strip().startswith(ours):
-            keep_from = i
-            break
-    return head + block + ("\n" + "".join(lines[keep_from:]) if keep_from < len(lines) else "")
-
-
-def _opencode(base: str, model: str, current: dict[str, Any]) -> dict[str, Any]:
+def _opencode(base: str, model: str, text: str, path: Path) -> str:
+    """The user's opencode config with our provider merged in."""
+    try:
+        current = json.loads(text) if text.strip() else {}
+    except (ValueError, RecursionError):
+        raise PathRefused(f"{path} is not valid JSON; fix it or move it away") from None
+    if not isinstance(current, dict):
+        raise PathRefused(f"{path} holds a JSON {type(current).__name__}, not an object")
+    providers = current.get("provider", {})
+    if not isinstance(providers, dict):
+        raise PathRefused(f'{path}: its "provider" is a {type(providers).__name__}, not an object')
+    mine = providers.get("localllm", {})
+    if not isinstance(mine, dict):
+        mine = {}
+    models = mine.get("models")
+    models = models if isinstance(models, dict) else {}
     provider = {
+        **mine,
         "npm": "@ai-sdk/openai-compatible",
         "name": "localllm",
         "options": {"baseURL": f"{base}/v1", "apiKey": "{env:" + KEY_ENV + "}"},
-        "models": {model: {"name": model}},
+        "models": {**models, model: {"name": model}},
     }
     out = {"$schema": "https://opencode.ai/config.json", **current}
-    out["provider"] = {**current.get("provider", {}), "localllm": provider}
-    return out
+    out["provider"] = {**providers, "localllm": provider}
+    return json.dumps(out, indent=2, ensure_ascii=False) + "\n"
 
 
 def _snippet(client: str, base: str, model: str) -> str:
@@ -148,28 +161,19 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
         return _start(["claude"], env | claude_env)
     if client == "codex":
         path = Path(os.environ.get("CODEX_HOME", Path.home() / ".codex")) / "config.toml"
-        old = path.read_text() if path.exists() else ""
-        new = _replace_block(old, _codex_block(base, model))
+        old = read_user_file(path) or ""
+        new = _codex(base, model, old, path)
         argv = ["codex", "--profile", "localllm"]
     else:
         path = Path.home() / ".config" / "opencode" / "opencode.json"
-        old = path.read_text() if path.exists() else ""
-        try:
-            current = json.loads(old) if old.strip() else {}
-        except ValueError:
-            sys.stderr.write(f"localllm: {path} is not valid JSON; fix it or move it away\n")
-            return EXIT_USAGE
-        new = json.dumps(_opencode(base, model, current), indent=2) + "\n"
+        old = read_user_file(path) or ""
+        new = _opencode(base, model, old, path)
         argv = ["opencode", "-m", f"localllm/{model}"]
     if args.dry:
         sys.stdout.write(f"# {path}\n{new}")
         return 0
     if new != old:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        saved = _backup(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(new)
-        tmp.replace(path)
+        saved = write_user_file(path, new, backup=True)
         said = f" (the old one is {saved})" if saved else ""
         sys.stderr.write(f"localllm: wrote {path}{said}\n")
     env.setdefault(KEY_ENV, "unused")

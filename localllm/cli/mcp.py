@@ -18,6 +18,7 @@ from typing import Any
 
 from localllm.cli.common import EXIT_USAGE, drop_table, write_config
 from localllm.config import McpServer, Settings, config_path
+from localllm.fsguard import PathRefused, read_user_file
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -53,8 +54,29 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     return _list(settings, as_json=args.json)
 
 
+MAX_FILE_BYTES = 16 << 20  # a host's MCP file larger than this is refused
+SHOWN = 20  # servers named in the import's summary
+MAX_JSON_DEPTH = 64  # servers sit at depth 3; deeper nesting is refused before parsing
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+def json_depth(text: str) -> int:
+    """How deep the JSON text's arrays and objects nest (strings skipped): linear, and
+    without the recursion json.loads would need to find out."""
+    depth = deepest = 0
+    for m in re.finditer(r"[\[\]{}]", _JSON_STRING.sub('""', text)):
+        depth += 1 if m.group() in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def _clean(raw_name: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "-", str(raw_name)).strip("-") or "server"
+
+
 def servers_in(data: Any) -> tuple[list[McpServer], list[str]]:
-    """The servers a host's JSON declares, and a line for each one skipped."""
+    """The servers a host's JSON declares, and a line for each one skipped (two names
+    that would be stored as one are both skipped, by name)."""
     if not isinstance(data, dict):
         raise ValueError("the file holds no JSON object")
     table = data.get("mcpServers", data.get("servers"))
@@ -62,19 +84,34 @@ def servers_in(data: Any) -> tuple[list[McpServer], list[str]]:
         raise ValueError(
             'it has no "mcpServers" (Claude Desktop, Cursor) or "servers" (VS Code) object'
         )
+    by_name: dict[str, list[str]] = {}
+    for raw_name in table:
+        by_name.setdefault(_clean(raw_name), []).append(str(raw_name))
     found, skipped = [], []
     for raw_name, spec in table.items():
-        name = re.sub(r"[^A-Za-z0-9_-]", "-", str(raw_name)).strip("-") or "server"
+        name = _clean(raw_name)
+        if len(by_name[name]) > 1:
+            others = " and ".join(repr(n) for n in by_name[name])
+            skipped.append(f"{raw_name}: {others} would both be named '{name}'; rename one")
+            continue
         if not isinstance(spec, dict):
             skipped.append(f"{raw_name}: not an object")
             continue
         kind = str(spec.get("type", spec.get("transport", ""))).lower()
         enabled = not spec.get("disabled", False)
-        env = {str(k): str(v) for k, v in (spec.get("env") or {}).items()}
+        env_spec = spec.get("env") or {}
+        if not isinstance(env_spec, dict):
+            skipped.append(f"{raw_name}: its env is not an object")
+            continue
+        env = {str(k): str(v) for k, v in env_spec.items()}
         if kind == "sse":
             skipped.append(f"{raw_name}: an SSE server (localllm speaks streamable HTTP)")
         elif spec.get("command"):
-            args = tuple(str(a) for a in spec.get("args") or ())
+            raw_args = spec.get("args") or ()
+            if not isinstance(raw_args, list | tuple):
+                skipped.append(f"{raw_name}: its args is not a list")
+                continue
+            args = tuple(str(a) for a in raw_args)
             found.append(
                 McpServer(name, command=str(spec["command"]), args=args, env=env, enabled=enabled)
             )
@@ -86,13 +123,26 @@ def servers_in(data: Any) -> tuple[list[McpServer], list[str]]:
     return found, skipped
 
 
+def _read_hosts_file(file: Path) -> Any:
+    """The JSON of a host's file; ValueError (or PathRefused) saying why not."""
+    text = read_user_file(file, limit=MAX_FILE_BYTES)
+    if text is None:
+        raise PathRefused(f"{file}: it does not exist")
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(
+            f"it nests {depth:,} levels deep; a host's file needs 3, and at most "
+            f"{MAX_JSON_DEPTH} are read"
+        )
+    try:
+        return json.loads(text)
+    except RecursionError:  # not reached after the depth check; kept as the last guard
+        raise ValueError(f"it nests deeper than {MAX_JSON_DEPTH} levels") from None
+
+
 def _import(settings: Settings, file: Path, path: Path, *, replace: bool) -> int:
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-        found, skipped = servers_in(data)
-    except OSError as exc:
-        sys.stderr.write(f"localllm: error: cannot read {file}: {exc.strerror}\n")
-        return EXIT_USAGE
+        found, skipped = servers_in(_read_hosts_file(file))
     except ValueError as exc:  # JSONDecodeError included
         sys.stderr.write(f"localllm: error: {file}: {exc}\n")
         return EXIT_USAGE
@@ -103,17 +153,28 @@ def _import(settings: Settings, file: Path, path: Path, *, replace: bool) -> int
     added = [s for s in found if s not in taken]
 
     def change(doc: Any) -> None:
+        import tomlkit
+
+        names = {s.name for s in added}
+        tables = doc.get("mcp_servers")
+        keep = [t for t in tables if t.get("name") not in names] if tables is not None else []
+        doc["mcp_servers"] = tomlkit.aot()  # rebuilt once: linear in the servers
+        for t in keep:
+            doc["mcp_servers"].append(t)
         for server in added:
-            drop_table(doc, "mcp_servers", server.name)
             _append(doc, server)
 
     if added:
         write_config(path, change)
-    for line in skipped:
+    for line in skipped[:SHOWN]:
         sys.stderr.write(f"skipped {line}\n")
-    names = ", ".join(s.name + ("" if s.enabled else " (disabled)") for s in added) or "none"
+    if len(skipped) > SHOWN:
+        sys.stderr.write(f"skipped {len(skipped) - SHOWN:,} more\n")
+    shown = [s.name + ("" if s.enabled else " (disabled)") for s in added[:SHOWN]]
+    more = f" and {len(added) - SHOWN:,} more" if len(added) > SHOWN else ""
+    names = (", ".join(shown) or "none") + more
     sys.stderr.write(
-        f"Imported {len(added)} MCP server(s) into {path}: {names}\n"
+        f"Imported {len(added):,} MCP server(s) into {path}: {names}\n"
         "Turn their tools on per conversation in the chat (Ctrl+T).\n"
     )
     return 0 if added or not found else 1

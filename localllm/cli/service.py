@@ -21,6 +21,7 @@ from typing import Any
 
 from localllm.cli.common import EXIT_USAGE
 from localllm.config import Settings
+from localllm.fsguard import write_user_file
 
 UNIT = "localllm.service"
 LABEL = "dev.localllm.serve"
@@ -120,10 +121,7 @@ def _systemd(action: str, command: list[str], args: argparse.Namespace) -> int:
     path = _systemd_dir() / UNIT
     ctl = ("systemctl", "--user")
     if action == "install":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(render_systemd(command), encoding="utf-8")
-        os.replace(tmp, path)
+        write_user_file(path, render_systemd(command), backup=False)
         rc = _run(*ctl, "daemon-reload") or _run(*ctl, "enable", "--now", UNIT)
         if rc == 0:
             user = os.environ.get("USER", "$USER")
@@ -151,11 +149,8 @@ def _launchd(action: str, command: list[str], args: argparse.Namespace) -> int:
     path, log_dir = _launchd_paths()
     domain = f"gui/{os.getuid()}"
     if action == "install":
-        path.parent.mkdir(parents=True, exist_ok=True)
         log_dir.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(render_launchd(command, log_dir))
-        os.replace(tmp, path)
+        write_user_file(path, render_launchd(command, log_dir), backup=False)
         _run("launchctl", "bootout", f"{domain}/{LABEL}")  # an older copy, if loaded
         rc = _run("launchctl", "bootstrap", domain, str(path))
         if rc == 0:

@@ -26,10 +26,11 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from localllm.errors import DownloadFailed, LocalLLMError
+from localllm.fsguard import Root
 from localllm.models import fit, projector, transfer
 from localllm.models.gguf import read_meta
 from localllm.models.transfer import Progress
@@ -144,7 +145,28 @@ def list_repo(repo: str, revision: str | None = None) -> tuple[str, list[RemoteF
         )
         for s in info.siblings or []
     ]
+    for f in files:
+        _check_name(repo, f.path)
     return str(info.sha or revision or "main"), files
+
+
+def _check_name(repo: str, name: str) -> None:
+    """A file name the hub lists must stay inside the model's folder: a listing naming
+    an absolute path, '..' or a backslash is a hostile one, and nothing is pulled."""
+    parts = PurePosixPath(name).parts
+    if (
+        not name
+        or name.startswith("/")
+        or "\\" in name
+        or "\x00" in name
+        or any(p in ("..", ".") for p in name.split("/"))
+        or not parts
+    ):
+        raise DownloadFailed(
+            repo,
+            f"the hub lists a file named {name!r}, which would land outside the model's "
+            "folder; nothing was downloaded",
+        )
 
 
 def _group(path: str) -> str:
@@ -356,22 +378,26 @@ def _download(
     with huggingface_hub's progress bar."""
     from huggingface_hub import hf_hub_url
 
+    _check_name(plan.repo, f.path)
     done = staging / local_path(plan, f)
     if done.is_file():
         return  # verified by an earlier run
     part = _part(done)
-    part.parent.mkdir(parents=True, exist_ok=True)
-    have = part.stat().st_size if part.exists() else 0
-    if f.size is not None and have > f.size:
-        part.unlink()
-        have = 0
-    digest = _new_digest(f)
-    if have:
-        with part.open("rb") as fh:  # the bytes an earlier run left: hashed first
-            for block in iter(lambda: fh.read(8 * 1024 * 1024), b""):
-                digest.update(block)
-    url = hf_hub_url(plan.repo, f.path, revision=plan.commit, endpoint=plan.endpoint)
-    with part.open("ab") as fh:
+    # opened beneath the staging folder, never through a link planted in it
+    with os.fdopen(Root(staging).open_append(str(part.relative_to(staging))), "ab") as fh:
+        have = os.fstat(fh.fileno()).st_size
+        if f.size is not None and have > f.size:
+            os.ftruncate(fh.fileno(), 0)
+            have = 0
+        digest = _new_digest(f)
+        offset = 0
+        while offset < have:  # the bytes an earlier run left: hashed first
+            block = os.pread(fh.fileno(), min(8 << 20, have - offset), offset)
+            if not block:
+                break
+            digest.update(block)
+            offset += len(block)
+        url = hf_hub_url(plan.repo, f.path, revision=plan.commit, endpoint=plan.endpoint)
         sink = transfer.HashingFile(fh, lambda: _new_digest(f), digest)
         try:
             transfer.stream(

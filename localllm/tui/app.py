@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import re
 import sys
 import time
@@ -37,6 +36,7 @@ from localllm.engine.client import EngineClient
 from localllm.engine.speculative import configured_draft
 from localllm.engine.stream import ChunkStream
 from localllm.errors import LocalLLMError
+from localllm.fsguard import PathRefused, write_user_file
 from localllm.hardware import available_memory, process_memory
 from localllm.history import Conversation, ConversationSettings, History
 from localllm.tui.logview import Notifier
@@ -482,13 +482,10 @@ class ChatApp(Answering):
             return
         slug = re.sub(r"[^A-Za-z0-9]+", "-", self.conv.title).strip("-").lower() or "chat"
         target = self.export_dir / f"{slug}-{self.conv.id}.md"
-        tmp = target.with_name(f".{target.name}.tmp")
-        try:
-            tmp.write_text(self.history.export_markdown(self.conv.id), encoding="utf-8")
-            os.replace(tmp, target)
-        except OSError as exc:
-            tmp.unlink(missing_ok=True)
-            self.notify(f"Could not export to {target}: {exc.strerror}", severity="error")
+        try:  # one rename, from a temporary name no one else made (fsguard)
+            write_user_file(target, self.history.export_markdown(self.conv.id), backup=False)
+        except PathRefused as exc:
+            self.notify(f"Could not export: {exc}", severity="error")
             return
         self.notify(f"Exported to {target}")
 

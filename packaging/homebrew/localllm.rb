@@ -15,11 +15,14 @@ class Localllm < Formula
        branch: "main"
 
   depends_on "cmake" => :build # llama-cpp-python compiles llama.cpp
+  depends_on "pybind11" => :build # google-re2 builds its binding from source
   depends_on "rust" => :build # pydantic-core, llguidance, jiter and hf-xet build from source
+  depends_on "abseil" # google-re2 links RE2, which links abseil
   depends_on "certifi"
   depends_on "numpy"
   depends_on "pillow"
   depends_on "python@3.12"
+  depends_on "re2" # search_files: google-re2 is RE2's own Python binding
 
   # resources: begin
   resource "annotated-doc" do
@@ -38,8 +41,8 @@ class Localllm < Formula
   end
 
   resource "argcomplete" do
-    url "https://files.pythonhosted.org/packages/87/6f/5a73f04007ca950701765949209f068da628bd11f9c2da287278ce91e0ee/argcomplete-3.7.2.tar.gz"
-    sha256 "aad8b69a0b9969edb62db0d1752354c0d50717b10e0cbb00e2a958381b9fc6b9"
+    url "https://files.pythonhosted.org/packages/19/0d/ca63f1b8b706c70590d0a4acc9c3c94ea8ed4dd9c83b4f7af195868abe76/argcomplete-3.8.0.tar.gz"
+    sha256 "0114d634013e11ac92cc329b3a7d886c3506e98ddc7bb23c99b1782aacc8b8bd"
   end
 
   resource "attrs" do
@@ -100,6 +103,11 @@ class Localllm < Formula
   resource "gguf" do
     url "https://files.pythonhosted.org/packages/48/ae/17f1308ae45cd7b08ebb521747d5b23f4efc4d172038a4e228dd5106c3ff/gguf-0.19.0.tar.gz"
     sha256 "dbadcd6cc7ccd44256f2229fe7c2dff5e8aa5cf0612ab987fd2b1a57e428923f"
+  end
+
+  resource "google-re2" do
+    url "https://files.pythonhosted.org/packages/6b/60/805c654ba53d685513df955ee745f71920fe8e6a284faf0f9b9dc19b659c/google_re2-1.1.20251105.tar.gz"
+    sha256 "1db14a292ee8303b91e91e7c37e05ac17d3c467f29416c79ac70a78be3e65bda"
   end
 
   resource "h11" do

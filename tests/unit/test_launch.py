@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from hypothesis import given
+from hypothesis import strategies as st
 
 from localllm.cli import main
 
@@ -73,3 +75,117 @@ def test_opencode_keeps_other_providers(home: Path):
 def test_snippets(home: Path, capsys: pytest.CaptureFixture, client: str, says: str):
     assert main(["launch", client]) == 0
     assert says in capsys.readouterr().out
+
+
+# -- the user's config is never destroyed (issue #51) -------------------------------------
+def _codex(home: Path) -> Path:
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir(exist_ok=True)
+    return config
+
+
+def test_two_launches_in_one_second_keep_the_original_in_a_backup_of_its_own(home: Path):
+    config = _codex(home)
+    config.write_text('model = "gpt-5"  # mine\n')
+    for model in ("a", "b", "c"):
+        main(["launch", "codex", "--model", model])
+    backups = sorted(config.parent.glob("config.toml.bak-*"))
+    assert len(backups) == 3  # none replaced another, whatever the clock said
+    assert 'model = "gpt-5"  # mine\n' in [b.read_text() for b in backups]
+    assert tomllib.loads(config.read_text())["profiles"]["localllm"]["model"] == "c"
+
+
+@pytest.mark.process
+def test_launches_racing_in_two_processes_keep_the_original(home: Path):
+    import subprocess
+    import sys
+
+    config = _codex(home)
+    config.write_text("# the user's own\n")
+    argv = [sys.executable, "-m", "localllm", "launch", "codex", "--model"]
+    procs = [subprocess.Popen([*argv, m], stderr=subprocess.PIPE) for m in ("x", "y")]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert b"Traceback" not in err
+    texts = [b.read_text() for b in config.parent.glob("config.toml.bak-*")]
+    assert "# the user's own\n" in texts
+    assert tomllib.loads(config.read_text())["profiles"]["localllm"]["model"] in ("x", "y")
+
+
+def test_an_existing_localllm_provider_is_merged_not_declared_twice(home: Path):
+    config = _codex(home)
+    config.write_text(
+        '[model_providers.localllm]\nname = "mine"\nrequest_max_retries = 9\n\n'
+        '[profiles.localllm]\nmodel = "old"\n\n[tools]\nweb_search = true\n'
+    )
+    main(["launch", "codex", "--model", "new"])
+    written = tomllib.loads(config.read_text())  # valid TOML: nothing declared twice
+    provider = written["model_providers"]["localllm"]
+    assert provider["request_max_retries"] == 9 and provider["name"] == "localllm"
+    assert written["profiles"]["localllm"]["model"] == "new" and written["tools"]["web_search"]
+
+
+@given(model=st.text(min_size=1, max_size=40), user=st.dictionaries(
+    st.text(alphabet="abcxyz_", min_size=1, max_size=6).filter(
+        lambda k: k not in ("model_providers", "profiles")
+    ),
+    st.one_of(st.text(max_size=20), st.integers(), st.booleans()),
+    max_size=4,
+))
+def test_any_model_name_is_escaped_and_the_users_keys_stay(
+    tmp_path_factory: pytest.TempPathFactory, model: str, user: dict
+):
+    import os
+
+    import tomlkit
+
+    home = tmp_path_factory.mktemp("home")
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.write_text(tomlkit.dumps(user))
+    old = {k: os.environ.get(k) for k in ("HOME", "CODEX_HOME", "PATH")}
+    os.environ.update(HOME=str(home), CODEX_HOME=str(config.parent), PATH=str(home / "bin"))
+    try:
+        assert main(["launch", "codex", "--model", model]) == 2  # codex is not installed
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    written = tomllib.loads(config.read_text())
+    assert written["profiles"]["localllm"]["model"] == model  # exactly, no injected keys
+    assert set(written) == set(user) | {"model_providers", "profiles"}
+    assert all(written[k] == v for k, v in user.items())
+
+
+def test_a_symlinked_config_is_edited_through_its_link(home: Path):
+    dotfiles = home / "dotfiles"
+    dotfiles.mkdir()
+    (dotfiles / "codex.toml").write_text('model = "gpt-5"\n')
+    config = home / ".codex" / "config.toml"
+    config.parent.mkdir()
+    config.symlink_to(dotfiles / "codex.toml")
+    main(["launch", "codex"])
+    assert config.is_symlink()  # the dotfiles repository still owns the file
+    assert "localllm" in tomllib.loads((dotfiles / "codex.toml").read_text())["model_providers"]
+
+
+@pytest.mark.parametrize(
+    "client, name, content, said",
+    [
+        ("codex", ".codex/config.toml", b'model = "caf\xe9"\n', "not UTF-8 text (byte 12 is 0xe9)"),
+        ("codex", ".codex/config.toml", b"model = = 1\n", "is not valid TOML"),
+        ("codex", ".codex/config.toml", b"model_providers = 3\n", "'model_providers' is not a"),
+        ("opencode", ".config/opencode/opencode.json", b"[1, 2]", "holds a JSON list"),
+        ("opencode", ".config/opencode/opencode.json", b'{"provider": 1}', 'provider" is a'),
+        ("opencode", ".config/opencode/opencode.json", b"{", "is not valid JSON"),
+    ],
+)
+def test_a_config_it_cannot_read_is_refused_in_one_line_and_left_alone(
+    home: Path, capsys: pytest.CaptureFixture, client: str, name: str, content: bytes, said: str
+):
+    path = home / name
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    assert main(["launch", client]) == 2
+    err = capsys.readouterr().err
+    assert said in err and str(path) in err and len(err.strip().splitlines()) == 1, err
+    assert path.read_bytes() == content and not list(path.parent.glob("*.bak-*"))

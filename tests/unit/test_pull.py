@@ -338,3 +338,21 @@ def test_the_projector_chosen_is_the_full_precision_one() -> None:
     assert [f.path for f in chosen] == ["m-Q4_K_M.gguf", "mmproj-m-F16.gguf"]
     _kind, chosen = hubmod.choose("o/r", files[:2], "Q4_K_M")
     assert [f.path for f in chosen] == ["m-Q4_K_M.gguf", "mmproj-m-Q8_0.gguf"]
+
+
+def test_a_hub_listing_a_name_that_leaves_the_model_folder_pulls_nothing(
+    hub: HubServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A hostile (or broken) hub lists '../../.bashrc' in an MLX repository, laid out as
+    listed: the pull is refused whole, naming the file, and nothing is written."""
+    planted = tmp_path / "payload"
+    planted.write_text("export EVIL=1\n")
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    hub.add("test-org/hostile-mlx", {"config.json": config, "../../../.bashrc": planted})
+    assert main(["pull", "test-org/hostile-mlx"]) == 1
+    err = capsys.readouterr().err
+    assert "the hub lists a file named '../../../.bashrc'" in err
+    assert "nothing was downloaded" in err
+    assert store_entries() == []
+    assert not any(p.name == ".bashrc" for p in models_dir().parent.rglob(".bashrc"))
