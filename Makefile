@@ -38,7 +38,7 @@ test-fast: $(STAMP)
 # the file-system boundary's properties with 10,000 random trees and races per variant
 # (openat2 and the walk): about 7 minutes here; the suite runs 60 of each
 fuzz: $(STAMP)
-	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider \
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 3600 \
 		-W error::pytest.PytestUnhandledThreadExceptionWarning \
 		tests/unit/test_fsguard.py tests/unit/test_agent_boundary.py tests/unit/test_launch.py
 

@@ -94,6 +94,10 @@ class SamplingParams:
     # the answer may not end (an end-of-generation token) before this many tokens: a reply
     # that may call tools or answer in text says something (engine/prompt.py)
     min_tokens: int = 0
+    # whether the repeat, frequency and presence penalties count the prompt's tokens (as
+    # llama.cpp and OpenAI do) or only the answer's own: a short question's words are
+    # then free to be used in its answer (the starter's default, docs/benchmarks.md)
+    penalize_prompt: bool = True
     # the fields the caller set; the others take the model's recommended values (None:
     # every field is the caller's, as for params built directly)
     given: frozenset[str] | None = None
@@ -119,8 +123,17 @@ class SamplingParams:
         fill = {k: v for k, v in recommended.items() if k not in self.given}
         if not fill:
             return self
-        typed = {k: int(v) if k == "top_k" else float(v) for k, v in fill.items()}
+        typed = {k: _typed(k, v) for k, v in fill.items()}
         return replace(self, **typed)  # type: ignore[arg-type]
+
+
+def _typed(key: str, value: float) -> int | float | bool:
+    """A recommended value (a number in GGUF metadata or JSON) as the field's type."""
+    if key == "top_k":
+        return int(value)
+    if key == "penalize_prompt":
+        return bool(value)
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,10 +40,24 @@ def positive_int(text: str) -> int:
     return value
 
 
-def progress_printer(label: str) -> Callable[[float], None] | None:
-    """A one-line progress display on stderr, only where a person is watching."""
-    if not sys.stderr.isatty():
+# what `quantize`'s report and `eval` score unless told otherwise: about a minute for
+# both of quantize's models on two cores with the starter (docs/benchmarks.md); the whole
+# shipped text is ~40,000 tokens, most of an hour for a 7B model on a laptop
+DEFAULT_EVAL_TOKENS = 4096
+
+
+def token_count(text: str) -> int | None:
+    """A positive number of tokens, or `all` (None: no bound)."""
+    if text.strip().lower() == "all":
         return None
+    return positive_int(text)
+
+
+def progress_printer(label: str, *, piped: bool = False) -> Callable[[float], None] | None:
+    """A one-line progress display on stderr where a person is watching; with piped=True,
+    where nobody is (a log, CI), a plain line at every tenth of the way instead."""
+    if not sys.stderr.isatty():
+        return _progress_lines(label) if piped else None
     last = [-1]
 
     def show(fraction: float) -> None:
@@ -53,6 +67,26 @@ def progress_printer(label: str) -> Callable[[float], None] | None:
             bar = "#" * (pct // 5)
             end = "\n" if pct >= 100 else ""
             sys.stderr.write(f"\r{label} [{bar:<20}] {pct:3d}%{end}")
+            sys.stderr.flush()
+
+    return show
+
+
+def bounded_note(scored: int, text_tokens: int, limit: int | None, flag: str) -> str:
+    """What a bounded perplexity left out, and the flag that scores it all ('' if none)."""
+    if limit is None or limit >= text_tokens:
+        return ""
+    return f"; the first {limit:,} of its {text_tokens:,} tokens ({flag} all scores the whole)"
+
+
+def _progress_lines(label: str) -> Callable[[float], None]:
+    last = [-1]
+
+    def show(fraction: float) -> None:
+        tenth = int(fraction * 10)
+        if tenth != last[0]:
+            last[0] = tenth
+            sys.stderr.write(f"{label}: {tenth * 10}%\n")
             sys.stderr.flush()
 
     return show
@@ -313,7 +347,10 @@ def sampling_line(rec: Any) -> str:
             f"localllm's defaults (temperature {p.temperature}, top_p {p.top_p}, "
             f"top_k {p.top_k}, min_p {p.min_p}): the model recommends none"
         )
-    said = ", ".join(f"{k} {v:g}" for k, v in rec.values.items())
+    said = ", ".join(
+        f"{k} {str(v).lower() if isinstance(v, bool) else format(v, 'g')}"
+        for k, v in rec.values.items()
+    )
     return f"{said} from {rec.source}; the rest localllm's defaults"
 
 

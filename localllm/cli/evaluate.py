@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from localllm.cli.common import (
+    DEFAULT_EVAL_TOKENS,
     backend_flag,
+    bounded_note,
     kv_flag,
     lora_flag,
     positive_int,
     progress_printer,
+    token_count,
 )
 from localllm.config import Settings, lora_spec
 
@@ -24,7 +27,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     evaluate.add_argument("model", help="model name, path or HF repo")
     evaluate.add_argument("--file", type=Path, help="a UTF-8 text file (default: the shipped text)")
     evaluate.add_argument(
-        "--tokens", type=positive_int, help="score only the first N tokens (default: all)"
+        "--tokens",
+        type=token_count,
+        default=DEFAULT_EVAL_TOKENS,
+        metavar="N|all",
+        help=f"tokens of the text to score (default: the first {DEFAULT_EVAL_TOKENS:,}; "
+        "all: the whole text)",
     )
     evaluate.add_argument(
         "--window",
@@ -63,7 +71,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             text,
             window=args.window,
             max_tokens=args.tokens,
-            progress=progress_printer(f"Evaluating {ref.name}"),
+            progress=progress_printer(f"Evaluating {ref.name}", piped=True),
         )
         where = str(args.file) if args.file else HELDOUT_LABEL
         window = min(args.window, model.info.n_ctx)
@@ -74,6 +82,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             f"{result.value:.3f} over {result.scored:,} tokens ({result.windows} "
             f"window{'s' if result.windows != 1 else ''} of "
             f"{window}, second halves scored) of {where}"
+            f"{bounded_note(result.scored, result.text_tokens, args.tokens, '--tokens')}"
         )
     finally:
         model.close()

@@ -6,9 +6,12 @@ import argparse
 from typing import Any
 
 from localllm.cli.common import (
+    DEFAULT_EVAL_TOKENS,
+    bounded_note,
     positive_int,
     print_table,
     progress_printer,
+    token_count,
 )
 from localllm.config import Settings
 
@@ -46,8 +49,11 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     quantize.add_argument(
         "--eval-tokens",
-        type=positive_int,
-        help="score only the first N tokens of the held-out text in the report (default: all)",
+        type=token_count,
+        default=DEFAULT_EVAL_TOKENS,
+        metavar="N|all",
+        help=f"tokens of the held-out text the report scores (default: the first "
+        f"{DEFAULT_EVAL_TOKENS:,}; all: the whole text, minutes per model)",
     )
     quantize.set_defaults(run=run)
 
@@ -77,7 +83,7 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     result = q.quantize(
         plan,
         settings.models_dir,
-        progress=progress_printer(f"Quantizing to {plan.target}"),
+        progress=progress_printer(f"Quantizing to {plan.target}", piped=True),
         n_threads=args.n_threads,
     )
     print(
@@ -94,10 +100,16 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             models_dir=settings.models_dir,
             max_tokens=args.eval_tokens,
             n_threads=args.n_threads,
-            progress=progress_printer("Measuring size, speed and perplexity"),
+            progress=progress_printer("Measuring size, speed and perplexity", piped=True),
         )
         print()
         print_report(rows)
+        first = rows[0]
+        note = bounded_note(
+            first["scored"], first["text_tokens"], args.eval_tokens, "--eval-tokens"
+        )
+        if note:
+            print(f"Scored {note.removeprefix('; ')}.")
     print(f"run it with: localllm chat {result.ref.name}")
     return 0
 

@@ -204,7 +204,8 @@ class Scheduler:
             done=cached,
             cached=cached,
             limit=limit,
-            sampler=model.new_sampler(params, prompt),
+            # the penalties' history: the prompt's end, or nothing (the answer's own only)
+            sampler=model.new_sampler(params, prompt if params.penalize_prompt else ()),
             text=TextAssembler(params.stop + params.end_markers),
             exact=adm.exact,
             high=_interactive(job.request),

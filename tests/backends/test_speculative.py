@@ -285,3 +285,42 @@ def test_a_draft_model_loads_through_the_engine_and_goes_with_its_target(
         assert [r["draft_for"] for r in engine.resident()] == [None]
     finally:
         engine.close()
+
+
+def _samplers(loaded: LoadedModel) -> dict[str, SamplingParams]:
+    """Every sampler speculation must keep exact (#53): penalties (over the prompt too,
+    and over the answer only, the starter's default), logit bias, the truncations with a
+    seeded draw."""
+    bias = ((loaded.tokenize(" compute")[0], -5.0), (loaded.tokenize(" total")[0], 3.0))
+    return {
+        "the starter's defaults, greedy": SamplingParams(
+            temperature=0.0, top_p=0.9, repeat_penalty=1.1, penalize_prompt=False
+        ),
+        "repeat 1.3 over the prompt too": SamplingParams(temperature=0.0, repeat_penalty=1.3),
+        "frequency and presence": SamplingParams(
+            temperature=0.0, frequency_penalty=0.4, presence_penalty=0.3
+        ),
+        "logit bias": SamplingParams(temperature=0.0, logit_bias=bias),
+        "seeded top-k, top-p, min-p, penalty": SamplingParams(
+            temperature=0.8, top_k=20, top_p=0.8, min_p=0.1, repeat_penalty=1.1, seed=5
+        ),
+    }
+
+
+@pytest.mark.parametrize("which", [
+    "the starter's defaults, greedy",
+    "repeat 1.3 over the prompt too",
+    "frequency and presence",
+    "logit bias",
+    "seeded top-k, top-p, min-p, penalty",
+])
+def test_prompt_lookup_is_exact_under_every_sampler(loaded: LoadedModel, which: str):
+    if loaded.info.backend == "mlx" and which != "frequency and presence":
+        pytest.skip("MLX on a CPU decodes at a few tokens/s: one penalty stands for the rest")
+    params = replace(_samplers(loaded)[which], max_tokens=48)
+    prompt = loaded.render_chat([Message("user", EDIT)])
+    plain, _, _ = tokens_of(loaded, prompt, params)
+    spec, proposed, accepted = tokens_of(loaded, prompt, params, lookup())
+    assert spec == plain
+    # drafts were verified and some kept: the penalties' history went through them
+    assert proposed > 0 and accepted > 0, (proposed, accepted)

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 import threading
 from pathlib import Path
 
@@ -100,10 +101,14 @@ def test_loops_long_names_fifos_and_links_out_are_told_to_the_model(
 
 
 @given(name=st.text(min_size=1, max_size=400))
-def test_any_name_the_model_gives_ends_as_a_result(tmp_path_factory, name: str):
-    root = tmp_path_factory.mktemp("w")
-    (root / "f").write_text("x")
-    s = session(root)
+def test_any_name_the_model_gives_ends_as_a_result(name: str):
+    with tempfile.TemporaryDirectory(prefix="names-") as tmp:
+        root = Path(tmp)
+        (root / "f").write_text("x")
+        _every_tool_answers(session(root), name)
+
+
+def _every_tool_answers(s: AgentSession, name: str) -> None:
     for tool, args in [
         ("read_file", {"path": name}),
         ("list_folder", {"path": name}),
@@ -215,6 +220,7 @@ def test_a_search_stops_at_its_time_bound_and_says_how_far_it_got(work: Path):
     assert out == "[stopped after 0 s: 0 files searched]", out
 
 
+@pytest.mark.process  # run_command tries to start its shell
 def test_a_folder_that_is_gone_is_a_refusal_not_a_crash(tmp_path: Path):
     gone = tmp_path / "gone"
     s = session(gone)  # the chat sets its tools up before anything is read

@@ -132,14 +132,18 @@ def test_an_existing_localllm_provider_is_merged_not_declared_twice(home: Path):
     st.one_of(st.text(max_size=20), st.integers(), st.booleans()),
     max_size=4,
 ))
-def test_any_model_name_is_escaped_and_the_users_keys_stay(
-    tmp_path_factory: pytest.TempPathFactory, model: str, user: dict
-):
+def test_any_model_name_is_escaped_and_the_users_keys_stay(model: str, user: dict):
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="home-") as tmp:
+        _launch_in(Path(tmp), model, user)
+
+
+def _launch_in(home: Path, model: str, user: dict) -> None:
     import os
 
     import tomlkit
 
-    home = tmp_path_factory.mktemp("home")
     config = home / ".codex" / "config.toml"
     config.parent.mkdir()
     config.write_text(tomlkit.dumps(user))

@@ -111,6 +111,7 @@ def test_quantize_command_reports_size_speed_and_perplexity(
     assert float(rows["report-q4_1"][5]) > 0 and float(rows["starter-f16"][5]) > 0
     assert float(rows["report-q4_1"][6]) > float(rows["starter-f16"][6])  # perplexity
     assert "perplexity over 512 scored tokens of the held-out text" in out
+    assert re.search(r"Scored the first 1,024 of its [\d,]+ tokens \(--eval-tokens all scores", out)
     (shared / "report-q4_1" / "report-q4_1.gguf").unlink()
     (shared / "report-q4_1" / "localllm.json").unlink()
     (shared / "report-q4_1").rmdir()
@@ -257,3 +258,31 @@ def test_eval_on_a_given_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert "perplexity needs at least one window of 512 tokens; the text gives 5" in err
     assert main(["eval", "starter", "--file", str(tmp_path / "missing.txt")]) == 2
     assert f"cannot read {tmp_path / 'missing.txt'} as UTF-8 text" in capsys.readouterr().err
+
+
+def test_the_report_is_bounded_unless_asked_and_shows_progress_in_a_log(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What `quantize` and `eval` score by default, `all`, and progress where stderr is
+    not a terminal (a line at every tenth, not a redrawn bar)."""
+    from localllm.cli import build_parser
+    from localllm.cli.common import DEFAULT_EVAL_TOKENS, bounded_note, progress_printer
+
+    parser = build_parser()
+    assert parser.parse_args(["eval", "m"]).tokens == DEFAULT_EVAL_TOKENS == 4096
+    assert parser.parse_args(["eval", "m", "--tokens", "all"]).tokens is None
+    q = parser.parse_args(["quantize", "m", "--to", "q4_0", "--eval-tokens", "ALL"])
+    assert q.eval_tokens is None
+    assert parser.parse_args(["quantize", "m", "--to", "q4_0"]).eval_tokens == 4096
+    assert bounded_note(512, 33_500, 1024, "--tokens") == (
+        "; the first 1,024 of its 33,500 tokens (--tokens all scores the whole)"
+    )
+    assert bounded_note(512, 900, 1024, "--tokens") == ""  # the whole text was read
+    assert bounded_note(512, 33_500, None, "--tokens") == ""
+    show = progress_printer("Evaluating starter", piped=True)
+    assert show is not None  # pytest's stderr is not a terminal
+    for i in range(41):
+        show(i / 40)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"Evaluating starter: {p}%" for p in range(0, 101, 10)]
+    assert progress_printer("Downloading") is None  # the others stay quiet in a log

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from localllm.backends.base import Message, ModelRef, SamplingParams
 from localllm.config import Settings
 from localllm.engine.engine import Engine
@@ -96,5 +98,32 @@ def test_show_and_info_say_where_each_value_came_from(starter_ref: ModelRef, tmp
     assert info["sampling"] == {"recommended": {"temperature": 0.25, "top_k": 20.0,
                                                 "top_p": 0.5},
                                 "source": "GGUF general.sampling.*"}
-    assert ("temperature 0.2, top_p 0.9, repeat_penalty 1.1 from SmolLM2's model card"
-            in cli("info", "starter"))
+    assert ("temperature 0.2, top_p 0.9, repeat_penalty 1.1, penalize_prompt false from "
+            "SmolLM2's model card" in cli("info", "starter"))
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_newcomers_first_question_is_answered_right_with_the_defaults(
+    starter_ref: ModelRef, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], seed: int,
+):
+    """`localllm run` with nothing but the question (and a seed, so the test is the same
+    every time): the starter's defaults must not stop it answering in the question's own
+    words. With the penalty over the prompt too, the answer was "The answer to this
+    classic French question requires a bit of creative thinking"."""
+    from localllm.cli import main
+
+    monkeypatch.setenv("LOCALLLM_DATA_DIR", str(tmp_path / "d"))
+    monkeypatch.setenv("LOCALLLM_CONFIG", str(tmp_path / "none.toml"))
+    question = "What is the capital of France? Answer in one word."
+    assert main(["run", question, "--seed", str(seed), "--max-tokens", "16",
+                 "--threads", str(THREADS)]) == 0
+    assert "Paris" in capsys.readouterr().out
+
+
+def test_the_penalty_reads_the_answer_only_when_the_defaults_say_so():
+    rec = dict(STARTER_SAMPLING)
+    params = SamplingParams.asked(max_tokens=4).with_defaults(rec)
+    assert params.repeat_penalty == 1.1 and params.penalize_prompt is False
+    own = SamplingParams.asked(max_tokens=4, penalize_prompt=True).with_defaults(rec)
+    assert own.penalize_prompt is True  # a caller's own choice wins, as for every field
