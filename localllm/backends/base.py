@@ -146,6 +146,9 @@ class GenerationStats:
     draft_accepted: int = 0
     draft_proposed: int = 0
     speedup: float = 0.0  # decode speed with drafts / measured plain speed; 0: not measured
+    # why speculation was off for this request though it was on for the model (a sampler
+    # it cannot keep exact); "" when it ran or was not asked for
+    draft_off: str = ""
 
 
 @dataclass(frozen=True, slots=True)

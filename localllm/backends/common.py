@@ -282,6 +282,7 @@ class DraftCounts:
 
     proposed: int = 0
     accepted: int = 0
+    off: str = ""  # why a request that could draft did not (its sampler cannot be exact)
 
 
 def keep_matching(draft: Sequence[int], sample_at: Callable[[int], int]) -> tuple[int, int]:
@@ -308,6 +309,7 @@ def final_chunk(
     *,
     proposed: int = 0,
     accepted: int = 0,
+    draft_off: str = "",
     stop_sequence: str | None = None,
 ) -> Chunk:
     """The chunk that ends every stream: the last text, the finish reason and the stats."""
@@ -320,6 +322,7 @@ def final_chunk(
         decode_tps=tps,
         draft_accepted=accepted,
         draft_proposed=proposed,
+        draft_off=draft_off,
     )
     return Chunk(tail, (), finish_reason=finish, stats=stats, stop_sequence=stop_sequence)
 

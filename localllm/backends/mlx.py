@@ -466,7 +466,7 @@ class MlxModel:
                 frequency_context_size=PENALTY_LAST_N,
             )
         # a picture's stand-ins (negative ids) are no tokens a penalty counts
-        history = [mx.array([t for t in prompt[-PENALTY_LAST_N:] if t >= 0])]
+        history = [mx.array([t for t in prompt[-PENALTY_LAST_N:] if t >= 0], dtype=mx.int32)]
         if params.temperature <= 0:
             pick = None
         else:

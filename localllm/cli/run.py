@@ -89,6 +89,8 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
                 f"generated {s.generated_tokens} tokens, first token {s.ttft_s * 1000:.0f} ms, "
                 f"{s.decode_tps:.1f} tokens/s, finish: {final.finish_reason}\n"
             )
+            if s.draft_off:
+                sys.stderr.write(f"speculative: off for this request ({s.draft_off})\n")
             if s.draft_proposed:
                 speedup = f", {s.speedup:.2f}x plain speed" if s.speedup else ""
                 sys.stderr.write(

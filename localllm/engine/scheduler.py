@@ -324,7 +324,10 @@ class Scheduler:
         return [r for r in running if r.adapters.scales == chosen]
 
     def _draft(self, r: Running) -> list[int]:
-        if r.drafter is None or r.pending is None or r.constraint or r.logprobs is not None:
+        if r.drafter is None or r.pending is None:
+            return []
+        if r.constraint or r.logprobs is not None:  # verified drafts would bypass these
+            r.counts.off = "a grammar constrains the answer" if r.constraint else "logprobs asked"
             return []
         kv = self.model.seq_tokens(r.seq)
         room = min(r.limit - r.generated, self.model.info.n_ctx - len(kv) - 1)
@@ -411,6 +414,7 @@ class Scheduler:
             time.perf_counter(),
             proposed=r.counts.proposed,
             accepted=r.counts.accepted,
+            draft_off=r.counts.off,
             stop_sequence=r.text.matched if r.text.matched in r.job.request.params.stop else None,
         )
         self._release(r)

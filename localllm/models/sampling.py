@@ -23,7 +23,7 @@ STARTER_SAMPLING: dict[str, float] = {
     "repeat_penalty": 1.1,
     "penalize_prompt": False,
 }
-STARTER_SOURCE = "SmolLM2's model card, tested on short and long answers"
+STARTER_SOURCE = "SmolLM2's model card, benchmarked"
 
 
 @dataclass(frozen=True, slots=True)

@@ -165,6 +165,7 @@ def test_restart_finds_the_conversation_on_disk(tmp_path: Path, cold: Engine):
         again.close()
 
 
+@pytest.mark.model  # an Engine on the starter, with no fixture to say so
 def test_a_request_does_not_wait_for_the_state_it_parks_to_reach_disk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):

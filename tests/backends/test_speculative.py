@@ -324,3 +324,37 @@ def test_prompt_lookup_is_exact_under_every_sampler(loaded: LoadedModel, which: 
     assert spec == plain
     # drafts were verified and some kept: the penalties' history went through them
     assert proposed > 0 and accepted > 0, (proposed, accepted)
+
+
+def test_a_grammar_turns_drafting_off_for_its_request_and_the_stats_say_why(
+    loaded: LoadedModel,
+):
+    """Drafts verified outside a grammar could leave it: the request runs plain (the same
+    tokens as without a drafter), and its final stats say why nothing was drafted."""
+    from localllm.engine.grammar import any_json_object
+
+    if loaded.info.backend == "mlx":
+        pytest.skip("the scheduler decides this for every backend alike: llama.cpp stands in")
+    params = SamplingParams(temperature=0.0, max_tokens=24, grammar=any_json_object())
+    prompt = loaded.render_chat([Message("user", "Give me a JSON object about " + CODE)])
+    plain, _, _ = tokens_of(loaded, prompt, params)
+    stats = None
+    spec: list[int] = []
+    for chunk in single.stream(loaded, prompt, params, should_stop=NEVER, drafter=lookup()):
+        spec.extend(chunk.tokens)
+        stats = chunk.stats or stats
+    assert spec == plain
+    assert stats is not None and stats.draft_proposed == 0
+    assert stats.draft_off == "a grammar constrains the answer"
+
+
+def test_usage_says_when_and_why_a_request_was_not_drafted_for():
+    from localllm.backends.base import GenerationStats
+    from localllm.server.openai.shapes import usage
+
+    off = GenerationStats(40, 0, 8, 0.1, 50.0, draft_off="a grammar constrains the answer")
+    assert usage(off, 40)["speculative"] == {
+        "proposed_tokens": 0,
+        "off": "a grammar constrains the answer",
+    }
+    assert "speculative" not in usage(GenerationStats(40, 0, 8, 0.1, 50.0), 40)

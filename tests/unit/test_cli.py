@@ -150,12 +150,13 @@ def test_show_prints_the_template_and_the_default_sampling(tmp_path: Path):
     assert "<|im_start|>" in template.stdout and "add_generation_prompt" in template.stdout
     params = cli("show", "starter", "--parameters", tmp=tmp_path)
     lines = dict(line.split(" ", 1) for line in params.stdout.splitlines())
-    # the starter's model card recommends two, the loop measurement a third
-    # (models/sampling.py); the rest are localllm's defaults
-    source = "SmolLM2's model card, loop-tested"
+    # the starter's model card recommends two, the short- and long-answer measurement
+    # the penalty and its scope (models/sampling.py); the rest are localllm's defaults
+    source = "SmolLM2's model card, benchmarked"
     assert lines["temperature"] == f"0.2  # {source}" and lines["top_k"] == "40"
     assert lines["top_p"] == f"0.9  # {source}"
     assert lines["repeat_penalty"] == f"1.1  # {source}"
+    assert lines["penalize_prompt"] == f"False  # {source}"  # the answer's own tokens only
     both = cli("show", "starter", tmp=tmp_path).stdout
     assert "# chat template" in both and "# default sampling" in both
 

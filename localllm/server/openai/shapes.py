@@ -28,6 +28,8 @@ def usage(stats: GenerationStats | None, prompt_tokens: int) -> dict:
             "acceptance": round(stats.draft_accepted / stats.draft_proposed, 4),
             "speedup": round(stats.speedup, 3),
         }
+    elif stats and stats.draft_off:  # why a model that drafts did not for this request
+        out["speculative"] = {"proposed_tokens": 0, "off": stats.draft_off}
     return out
 
 
