@@ -36,7 +36,7 @@ test-fast: $(STAMP)
 	LOCALLLM_TEST_TIER=fast $(BIN)/python -m pytest -q -m "not model and not process and not mlx"
 
 # the file-system boundary's properties with 10,000 random trees and races per variant
-# (openat2 and the walk): about 7 minutes here; the suite runs 60 of each
+# (openat2 and the walk), random names and launch configs: minutes; the suite runs 60 each
 fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 3600 \
 		-W error::pytest.PytestUnhandledThreadExceptionWarning \

@@ -40,6 +40,7 @@ from typing import Literal
 
 MAX_LINK_HOPS = 40  # the kernel's own bound on links in one path
 MAX_TRIES = 8  # a path that keeps changing under a call is refused after this many walks
+Parts = list[str]  # a path as its components, relative to a Root
 Kind = Literal["file", "folder", "link", "FIFO", "socket", "device"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -154,9 +155,12 @@ class Root:
             self.close()
 
     # names -------------------------------------------------------------------------
-    def parts(self, name: str) -> list[str]:
+    def parts(self, name: str | Parts) -> list[str]:
         """A name the caller gave as components relative to the folder. An absolute name
-        (or ~) is accepted when it lies lexically inside the folder."""
+        (or ~) is accepted when it lies lexically inside the folder; a list is components
+        already (what `files` gives), taken as they are."""
+        if isinstance(name, list):
+            return name
         if not isinstance(name, str) or not name.strip():
             raise PathRefused("the path is empty")
         if "\x00" in name:
@@ -250,13 +254,13 @@ class Root:
             for fd in stack:
                 os.close(fd)
 
-    def _open_leaf(self, dir_fd: int, leaf: str | None, shown: str, folder: bool) -> int:
+    def _open_leaf(self, dir_fd: int, leaf: str | None, folder: bool) -> int:
         if leaf is None:
             return os.dup(dir_fd)
         flags = _DIR_FLAGS if folder else _READ_FLAGS
         return os.open(leaf, flags, dir_fd=dir_fd)
 
-    def open(self, name: str, *, folder: bool = False) -> int:
+    def open(self, name: str | Parts, *, folder: bool = False) -> int:
         """A read-only descriptor of the regular file (or, with folder=True, the folder)
         `name`: links inside followed, anything else refused. The caller closes it."""
         parts = self.parts(name)
@@ -267,7 +271,7 @@ class Root:
                 break
             dir_fd, leaf = self._walk(parts)
             try:
-                fd = self._open_leaf(dir_fd, leaf, shown, folder)
+                fd = self._open_leaf(dir_fd, leaf, folder)
             except OSError as exc:
                 if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                     continue  # became a link (or not a folder) since the walk: again
@@ -303,7 +307,7 @@ class Root:
                 raise PathRefused(f"{self.shown(parts)} does not exist") from None
             return None  # refused or unsure (EXDEV, ELOOP, EAGAIN, ...): the walk decides
 
-    def kind(self, name: str) -> Kind | None:
+    def kind(self, name: str | Parts) -> Kind | None:
         """What `name` is once links inside are followed; None when nothing is there."""
         parts = self.parts(name)
         try:
@@ -322,49 +326,49 @@ class Root:
             os.close(dir_fd)
         return _kind_of(st.st_mode)
 
-    def read_bytes(self, name: str, *, limit: int) -> bytes:
+    def read_bytes(self, name: str | Parts, *, limit: int) -> bytes:
         """The file's bytes; refused when it holds more than `limit`."""
+        shown = self.shown(self.parts(name))
         fd = self.open(name)
         try:
             size = os.fstat(fd).st_size
             if size > limit:
-                raise PathRefused(
-                    f"{self.shown(self.parts(name))} is {size:,} bytes; the limit is {limit:,}"
-                )
+                raise PathRefused(f"{shown} is {size:,} bytes; the limit is {limit:,}")
             chunks, total = [], 0
             while chunk := os.read(fd, 1 << 20):
                 total += len(chunk)
                 if total > limit:
-                    raise PathRefused(f"{name} grew past {limit:,} bytes while being read")
+                    raise PathRefused(f"{shown} grew past {limit:,} bytes while being read")
                 chunks.append(chunk)
             return b"".join(chunks)
         except OSError as exc:
-            raise _say(name, exc) from None
+            raise _say(shown, exc) from None
         finally:
             os.close(fd)
 
-    def list(self, name: str = ".") -> list[Entry]:
+    def list(self, name: str | Parts = ".") -> list[Entry]:
         """The folder's entries; links are shown as links (never followed here)."""
         fd = self.open(name, folder=True)
         try:
             return _entries(fd)
         except OSError as exc:
-            raise _say(name, exc) from None
+            raise _say(self.shown(self.parts(name)), exc) from None
         finally:
             os.close(fd)
 
     def files(
         self, name: str = ".", *, skip: frozenset[str] = frozenset(), limit: int = 20_000
-    ) -> Iterator[str]:
-        """The regular files under a folder (relative names, sorted per folder); links
-        to folders are not entered, links to files are given and opened like any name."""
+    ) -> Iterator[Parts]:
+        """The regular files under a folder (as components relative to the root, sorted
+        per folder); links to folders are not entered, links to files are given and are
+        opened like any name."""
         top = self.parts(name)
         todo: deque[list[str]] = deque([top])
         seen = 0
         while todo:
             parts = todo.popleft()
             try:
-                entries = self.list(self.shown(parts))
+                entries = self.list(parts)
             except PathRefused:
                 continue
             for e in sorted(entries, key=lambda e: e.name):
@@ -374,7 +378,7 @@ class Root:
                     seen += 1
                     if seen > limit:
                         return
-                    yield self.shown([*parts, e.name])
+                    yield [*parts, e.name]
 
     # writing -------------------------------------------------------------------------
     def open_append(self, name: str) -> int:
@@ -388,7 +392,7 @@ class Root:
             if leaf is None:
                 raise PathRefused(f"{shown} is a folder")
             flags = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-            fd = os.open(leaf, flags | _CLOEXEC, 0o644, dir_fd=dir_fd)
+            fd = os.open(leaf, flags | _CLOEXEC, 0o666, dir_fd=dir_fd)
         except OSError as exc:
             raise _say(shown, exc) from None
         finally:
@@ -444,16 +448,17 @@ def _temp_name(leaf: str) -> str:
     return f".{leaf[:80]}.{secrets.token_hex(6)}.localllm-tmp"
 
 
-def _write_new(dir_fd: int, name: str, data: bytes, mode: int) -> None:
-    """Create `name` in the folder exclusively (never through a link) holding `data`."""
-    fd = os.open(
-        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC, 0o600, dir_fd=dir_fd
-    )
+def _write_new(dir_fd: int, name: str, data: bytes, mode: int | None) -> None:
+    """Create `name` in the folder exclusively (never through a link) holding `data`,
+    with `mode`, or (None) the mode the user's umask gives a new file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+    fd = os.open(name, flags, 0o666 if mode is None else 0o600, dir_fd=dir_fd)
     try:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fchmod(fd, mode)
+        if mode is not None:
+            os.fchmod(fd, mode)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -474,7 +479,7 @@ def _replace(
             raise PathRefused(f"{shown} is a {_kind_of(st.st_mode)}, not a file; not written")
         if st is not None and new:
             raise PathRefused(f"{shown} exists")
-        mode = stat.S_IMODE(st.st_mode) if st is not None else 0o644
+        mode = stat.S_IMODE(st.st_mode) if st is not None else None
         saved = _backup(dir_fd, leaf) if backup and st is not None else None
         tmp = _temp_name(leaf)
         _write_new(dir_fd, tmp, data, mode)

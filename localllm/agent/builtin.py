@@ -42,7 +42,7 @@ def _told() -> Iterator[None]:
         raise ToolRefused(exc.strerror or str(exc)) from None
 
 
-def _text_of(ws: Workspace, name: str) -> str:
+def _text_of(ws: Workspace, name: str | list[str]) -> str:
     with _told():
         data = ws.fs.read_bytes(name, limit=MAX_FILE_BYTES)
     if b"\x00" in data[:8192]:
@@ -181,32 +181,37 @@ class SearchFiles(Tool):
         self.ws = ws
         self.time_s = time_s
 
-    def refusal(self, args: dict[str, Any]) -> None:
-        _compile(args["pattern"])
-        if _kind(self.ws, args.get("path") or ".") is None:
+    def _checked(self, args: dict[str, Any]) -> tuple[Any, str]:
+        """The compiled pattern and what the path names ("file" or "folder")."""
+        rx = _compile(args["pattern"])
+        kind = _kind(self.ws, args.get("path") or ".")
+        if kind is None:
             raise ToolRefused(f"{args.get('path')} does not exist (in {self.ws.root})")
+        return rx, kind
+
+    def refusal(self, args: dict[str, Any]) -> None:
+        self._checked(args)
 
     async def call(self, args: dict[str, Any]) -> str:
-        self.refusal(args)
-        rx = _compile(args["pattern"])
+        rx, kind = self._checked(args)
         top = args.get("path") or "."
-        return await asyncio.to_thread(self._search, rx, top, args.get("glob"))
+        return await asyncio.to_thread(self._search, rx, top, kind, args.get("glob"))
 
-    def _search(self, rx: Any, top: str, glob: str | None) -> str:
+    def _search(self, rx: Any, top: str, kind: str, glob: str | None) -> str:
         hits: list[str] = []
         deadline = time.monotonic() + self.time_s
-        with _told():
-            single = self.ws.fs.kind(top) != "folder"
-        files = iter([top]) if single else self.ws.fs.files(top, skip=SKIPPED_DIRS)
+        fs = self.ws.fs
+        files = iter([fs.parts(top)]) if kind != "folder" else fs.files(top, skip=SKIPPED_DIRS)
         searched = 0
-        for name in files:
+        for found in files:
+            name = fs.shown(found)
             if glob and not PurePosixPath(name).match(glob):
                 continue
             if time.monotonic() > deadline:
                 hits.append(f"[stopped after {self.time_s:g} s: {searched:,} files searched]")
                 break
             try:
-                text = _text_of(self.ws, name)
+                text = _text_of(self.ws, found)
             except ToolRefused:
                 continue  # binary, too large, unreadable or leading out: not searched
             searched += 1

@@ -26,7 +26,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, Literal
 
 from localllm.errors import DownloadFailed, LocalLLMError
@@ -153,14 +153,11 @@ def list_repo(repo: str, revision: str | None = None) -> tuple[str, list[RemoteF
 def _check_name(repo: str, name: str) -> None:
     """A file name the hub lists must stay inside the model's folder: a listing naming
     an absolute path, '..' or a backslash is a hostile one, and nothing is pulled."""
-    parts = PurePosixPath(name).parts
     if (
-        not name
-        or name.startswith("/")
+        name.startswith("/")
         or "\\" in name
         or "\x00" in name
-        or any(p in ("..", ".") for p in name.split("/"))
-        or not parts
+        or any(p in ("", ".", "..") for p in name.split("/"))
     ):
         raise DownloadFailed(
             repo,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -325,3 +326,21 @@ def test_a_users_symlinked_file_is_written_through_its_link_and_backed_up_unique
     os.mkfifo(tmp_path / "fifo.toml")
     with pytest.raises(PathRefused, match="FIFO"):
         read_user_file(tmp_path / "fifo.toml")
+
+
+def test_a_new_file_takes_the_umask_and_a_replaced_one_keeps_its_mode(tmp_path: Path):
+    old = os.umask(0o077)  # a user who keeps new files private
+    try:
+        made = tmp_path / "new.toml"
+        write_user_file(made, "a = 1\n", backup=False)
+        Root(tmp_path).write("new2.txt", b"x", new=True)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(made.stat().st_mode) == 0o600
+    assert stat.S_IMODE((tmp_path / "new2.txt").stat().st_mode) == 0o600
+    kept = tmp_path / "shared.toml"
+    kept.write_text("a = 1\n")
+    kept.chmod(0o640)
+    saved = write_user_file(kept, "a = 2\n")
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o640
+    assert saved is not None and stat.S_IMODE(saved.stat().st_mode) == 0o640
