@@ -17,14 +17,13 @@ from collections.abc import Iterator
 from localllm.backends import reasoning
 from localllm.backends.base import Chunk, LoadedModel, ModelRef
 from localllm.backends.common import check_request
-from localllm.backends.media import has_media
 from localllm.config import Settings
 from localllm.engine.adapters import applied
 from localllm.engine.client import Budget, Observer
 from localllm.engine.prompt import fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache
 from localllm.engine.request import Job, Request, Started
-from localllm.engine.sequence import Admission, Running
+from localllm.engine.sequence import Admission, Running, no_drafts
 from localllm.engine.speculative import Speculation
 
 log = logging.getLogger(__name__)
@@ -151,13 +150,11 @@ class ModelHooks:
             quota_max_tokens=capped,
         )
         exact = bool(request.deterministic)  # the setting's when the request is silent
-        params = request.params
-        # a grammar or log probabilities go token by token: no drafts to verify; nor does
-        # a prompt with pictures (a draft model could not read them)
-        plain = params.grammar is None and params.logprobs is None and not has_media(tokens)
-        drafter = self._speculation.drafter(request, ref, model) if plain else None
+        off = no_drafts(request.params, tokens)
+        drafter = None if off else self._speculation.drafter(request, ref, model)
+        off = off if self._speculation.mode(request) != "off" else ""  # said where it was on
         self._life.totals["requests"] += 1
-        return Admission(tokens, started, drafter, exact, adapters)
+        return Admission(tokens, started, drafter, exact, adapters, draft_off=off)
 
     def prepare(self, prompt: list[int], seq: int, exact: bool, tag: str = "") -> None:
         self._life.cache.prepare(self._key, prompt, seq, exact=exact, tag=tag)

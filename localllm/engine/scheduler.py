@@ -218,6 +218,7 @@ class Scheduler:
             adapters=adm.adapters,
             pictures=has_media(prompt),
         )
+        r.counts.off = adm.draft_off
         self.changes += 1
         if cached == len(prompt):  # its first token now, from the kept logits: nothing to read
             try:
@@ -324,10 +325,7 @@ class Scheduler:
         return [r for r in running if r.adapters.scales == chosen]
 
     def _draft(self, r: Running) -> list[int]:
-        if r.drafter is None or r.pending is None:
-            return []
-        if r.constraint or r.logprobs is not None:  # verified drafts would bypass these
-            r.counts.off = "a grammar constrains the answer" if r.constraint else "logprobs asked"
+        if r.drafter is None or r.pending is None:  # none for a grammar (sequence.no_drafts)
             return []
         kv = self.model.seq_tokens(r.seq)
         room = min(r.limit - r.generated, self.model.info.n_ctx - len(kv) - 1)

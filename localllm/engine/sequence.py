@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from localllm.backends.base import Chunk, Decoding, Drafter, SamplingParams, TokenLogprob
 from localllm.backends.common import DraftCounts, reusable_prefix
+from localllm.backends.media import has_media
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.adapters import BASE, Applied
 from localllm.engine.grammar import Constraint
@@ -81,6 +82,18 @@ class Admission:
     drafter: Drafter | None
     exact: bool
     adapters: Applied = BASE  # the LoRA adapters it runs with (engine/adapters.py)
+    draft_off: str = ""  # why a request drafting was on for runs without drafts
+
+
+def no_drafts(params: SamplingParams, prompt: Sequence[int]) -> str:
+    """Why a request cannot be drafted for ("" when it can): a grammar or log
+    probabilities go token by token (verified drafts would bypass them), and a draft
+    model could not read a prompt's pictures."""
+    if params.grammar is not None:
+        return "a grammar constrains the answer"
+    if params.logprobs is not None:
+        return "logprobs asked"
+    return "the prompt has a picture" if has_media(prompt) else ""
 
 
 class Hooks(Protocol):

@@ -14,7 +14,7 @@ from localllm.backends.common import check_request
 from localllm.engine.adapters import applied
 from localllm.engine.request import END, Job, Request, Started
 from localllm.engine.scheduler import Scheduler
-from localllm.engine.sequence import Admission, Running
+from localllm.engine.sequence import Admission, Running, no_drafts
 
 
 class _Alone:
@@ -31,7 +31,9 @@ class _Alone:
         tokens = job.prompt[0]
         started = Started(self._model.info.id, len(tokens))
         adapters = applied(self._model.adapters, None)  # their global scales
-        return Admission(tokens, started, self._drafter, self._exact, adapters)
+        off = no_drafts(job.request.params, tokens) if self._drafter is not None else ""
+        drafter = None if off else self._drafter
+        return Admission(tokens, started, drafter, self._exact, adapters, draft_off=off)
 
     def prepare(self, prompt: list[int], seq: int, exact: bool, tag: str = "") -> None:
         pass

@@ -325,8 +325,12 @@ class Speculation:
         self._evidence: dict[tuple[str, str], Evidence] = {}
         self.totals = {"proposed": 0, "accepted": 0, "switched_off": 0}
 
+    def mode(self, request: Any) -> str:
+        """off | lookup | draft | auto: the request's, else the setting's."""
+        return str(request.speculate or self.settings.speculate)
+
     def drafter(self, request: Any, ref: ModelRef, model: LoadedModel) -> Drafter | None:
-        mode = request.speculate or self.settings.speculate
+        mode = self.mode(request)
         draft_name = request.draft_model or self.settings.draft_model
         if mode == "off":
             return None

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from localllm.backends.base import Message
 from localllm.engine.client import EngineClient
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
@@ -89,18 +90,25 @@ async def chat_completions(
     fetched = await prefetch(request, [u for m in body.messages for u in m.image_urls()])
     messages = await off_loop(lambda: [m.to_message(fetched) for m in body.messages])
     policy = request.app.state.settings.context_policy
-    req = EngineRequest(
+    req = chat_request(body, messages, context_policy=policy, **who(request))
+    return await _respond(request, body, req, shapes.ChatShapes)
+
+
+def chat_request(
+    body: ChatCompletionRequest, messages: list[Message], **extra: Any
+) -> EngineRequest:
+    """The engine's request for a chat completion body (its messages already read):
+    what the route submits, and what the exactness matrix test replays in-process."""
+    return EngineRequest(
         body.sampling(),
         messages=messages,
         model=body.model,
-        context_policy=policy,
         tools=body.tool_spec(),
         template_vars=body.chat_template_kwargs,
         response_format=body.wire_response_format(),
         **body.extensions(),
-        **who(request),
+        **extra,
     )
-    return await _respond(request, body, req, shapes.ChatShapes)
 
 
 @router.post("/v1/completions", response_model=None)
