@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-fast lint bench install clients fuzz
+.PHONY: run test test-fast lint bench install clients fuzz docs
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 10), "localllm needs Python 3.10 or newer"'
@@ -41,6 +41,12 @@ fuzz: $(STAMP)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 3600 \
 		-W error::pytest.PytestUnhandledThreadExceptionWarning \
 		tests/unit/test_fsguard.py tests/unit/test_agent_boundary.py tests/unit/test_launch.py
+
+# the docs site: the reference pages generated from the code (CLI, settings, HTTP API),
+# then MkDocs in strict mode (a broken link or anchor fails) into site/
+docs: $(STAMP)
+	$(BIN)/python .ci/reference.py
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # Codex CLI, Claude Code and opencode (from npm) run headless against a real server;
 # writes docs/clients.md (minutes per client on a CPU; not part of CI); MODEL=PATH for

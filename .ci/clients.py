@@ -3,7 +3,8 @@ and PyPI (aider) headless against a real localllm server and write what worked t
 docs/clients.md.
 
 Each client is installed into a cache folder (once), pointed at a server started here on
-a free port (its own data and cache folders), given each small task in TASKS, and judged
+a free port (its own data and cache folders) by `localllm launch` itself (so a client
+release that changes its config format fails here), given each small task in TASKS, and judged
 by the task's own check (the word in its final answer, or the file it wrote), its exit
 status, and what the server saw (its access log: each request's route and status). CI
 does not run this (the clients come from npm and PyPI, and a turn of a 10,000-token agent
@@ -180,91 +181,39 @@ def seen(log: Path, since: int) -> tuple[list[str], int]:
 
 
 def command(
-    client: str, binary: Path, base: str, model: str, work: Path, task: Task
+    client: str, binary: Path, base: str, work: Path, task: Task
 ) -> tuple[list[str], dict[str, str]]:
-    """The client's headless command for `task`, with the environment that points it at
-    the server. Each may write in `work` (a fresh folder) without asking: Codex without
-    its sandbox (which needs kernel features a container may lack), Claude Code accepting
-    edits, aider saying yes, opencode as it is."""
-    env = {**os.environ, "HOME": str(work / "home"), "NO_COLOR": "1"}
-    (work / "home").mkdir(exist_ok=True)
-    if client == "codex":
-        provider = (
-            f'model_providers.localllm={{name="localllm",base_url="{base}/v1",'
-            'wire_api="responses",env_key="LOCALLLM_KEY"}'
-        )
-        env |= {"CODEX_HOME": str(work / "codex"), "LOCALLLM_KEY": "unused"}
-        (work / "codex").mkdir(exist_ok=True)
-        return [
-            str(binary),
-            "exec",
-            "--skip-git-repo-check",
-            "-c",
-            "model_provider=localllm",
-            "-c",
-            provider,
-            "-m",
-            model,
-            "--dangerously-bypass-approvals-and-sandbox",
-            "--output-last-message",
-            str(work / "last-message.txt"),
-            task.prompt,
-        ], env
-    if client == "claude":
-        env |= {
-            "ANTHROPIC_BASE_URL": base,
-            "ANTHROPIC_AUTH_TOKEN": "unused",
-            "ANTHROPIC_MODEL": model,
-            "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
-            "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
-            "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
-            "ANTHROPIC_SMALL_FAST_MODEL": model,
-            # as `localllm launch claude` sets it: an answer may start after 5 minutes
-            "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_TELEMETRY": "1",
-        }
-        turns = "6" if task.file else "4"
-        return [
-            str(binary),
-            "-p",
-            task.prompt,
-            "--max-turns",
-            turns,
-            "--permission-mode",
-            "acceptEdits",
-        ], env
-    if client == "aider":  # through litellm's Ollama provider, as its users run it
-        env |= {"OLLAMA_API_BASE": base, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-        return [
-            str(binary),
-            "--model",
-            f"ollama_chat/{model}",
-            "--message",
-            task.prompt,
-            "--yes-always",
-            "--no-git",
-            "--no-check-update",
-            "--no-show-model-warnings",
-            "--analytics-disable",
-            "--no-pretty",
-            "--no-stream",
-        ], env
-    config = {
-        "$schema": "https://opencode.ai/config.json",
-        "provider": {
-            "localllm": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "localllm",
-                "options": {"baseURL": f"{base}/v1"},
-                "models": {model: {"name": model}},
-            }
-        },
+    """The client's headless command for `task`: `localllm launch CLIENT` itself, which
+    asks the server for its model, writes the client's config under `work`'s home and
+    starts the client with the arguments after `--`. Each may write in `work` (a fresh
+    folder) without asking: Codex without its sandbox (which needs kernel features a
+    container may lack), Claude Code accepting edits, aider saying yes, opencode as it is."""
+    home = work / "home"
+    home.mkdir(exist_ok=True)
+    env = {
+        **os.environ,
+        "HOME": str(home),
+        "CODEX_HOME": str(home / ".codex"),
+        "NO_COLOR": "1",
+        "PATH": f"{binary.parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
-    path = work / "opencode.json"
-    path.write_text(json.dumps(config))
-    env |= {"OPENCODE_CONFIG": str(path)}
-    return [str(binary), "run", "-m", f"localllm/{model}", task.prompt], env
+    port = base.rsplit(":", 1)[1]
+    launch = [sys.executable, "-m", "localllm", "launch", client, "--port", port, "--"]
+    if client == "codex":
+        return [*launch, "exec", "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                "--output-last-message", str(work / "last-message.txt"), task.prompt], env
+    if client == "claude":
+        env |= {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_TELEMETRY": "1"}
+        turns = "6" if task.file else "4"
+        return [*launch, "-p", task.prompt, "--max-turns", turns,
+                "--permission-mode", "acceptEdits"], env
+    if client == "aider":
+        env |= {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        return [*launch, "--message", task.prompt, "--yes-always", "--no-git",
+                "--no-check-update", "--no-show-model-warnings", "--analytics-disable",
+                "--no-pretty", "--no-stream"], env
+    return [*launch, "run", task.prompt], env
 
 
 def version(binary: Path) -> str:
@@ -285,7 +234,7 @@ def run(
     outcome.version = version(binary)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        argv, env = command(client, binary, base, model, work, task)
+        argv, env = command(client, binary, base, work, task)
         _, start = seen(log, 0)
         t0 = time.monotonic()
         try:
@@ -307,7 +256,9 @@ def run(
             outcome.output = f"timed out after {timeout} s: {text}"
         outcome.seconds = time.monotonic() - t0
         outcome.requests, _ = seen(log, start)
-        outcome.done = task.done(outcome.answer, work)
+        # launch found the server's model by itself (no --model was given)
+        followed = f"serves {model}; {client} will use it" in outcome.output
+        outcome.done = task.done(outcome.answer, work) and followed
     return outcome
 
 

@@ -100,6 +100,7 @@ def build_parser() -> Parser:
 
 
 _TOP_LEVEL = ("-h", "--help", "--version", "--log-level")
+PASSTHROUGH = ("launch",)  # commands whose arguments after `--` are another program's
 
 
 def _with_command(parser: Parser, raw: list[str]) -> list[str]:
@@ -140,7 +141,13 @@ def _main(argv: Sequence[str] | None) -> int:
 
         argcomplete.autocomplete(parser)
     raw = _with_command(parser, list(sys.argv[1:] if argv is None else argv))
+    passed: list[str] | None = None
+    if raw[:1] and raw[0] in PASSTHROUGH and "--" in raw:  # the rest is the client's
+        at = raw.index("--")
+        raw, passed = raw[:at], raw[at + 1 :]
     args = parser.parse_args(raw)
+    if passed is not None:
+        args.client_args = passed
     if args.command is None:
         args = parser.parse_args([*raw, "chat"])
     if getattr(args, "model_flag", None):

@@ -1,8 +1,16 @@
 """`localllm launch CLIENT`: point a coding agent or editor at this server, as `ollama
-launch` does. For Codex CLI and opencode it writes their config file (backing up the one
-it changes, under a name no earlier backup has) and starts the client; for Claude Code
-it starts it with the environment it reads; for aider, Continue and Zed it prints the
-snippet to use. `--print` changes nothing and prints what would be written or set.
+launch` does. It asks the running server which model it serves and points the client
+at that one (`--model` still wins; with no server answering it says how to start one).
+For Codex CLI and opencode it writes their config file (backing up the one it changes,
+under a name no earlier backup has) and starts the client with any arguments given after
+`--`; Claude Code and aider it starts with the environment they read; for Continue and
+Zed it prints the snippet to use. `--print` changes nothing and prints what would be
+written or set.
+
+Codex CLI: the profile lives in its own file, `$CODEX_HOME/localllm.config.toml` (read by
+0.150 to 0.171, the versions tried; 0.171 refuses `--profile localllm` while config.toml
+still holds a `[profiles.localllm]` table or a `profile = "localllm"` selector, as an
+earlier launch wrote, so those move into that file).
 
 The key: when the server has keys (`localllm keys add`), the client sends
 `LOCALLLM_API_KEY` from the environment; a key is shown only once when made, so it is not
@@ -24,20 +32,33 @@ from localllm.config import Settings, tomllib
 from localllm.fsguard import PathRefused, read_user_file, write_user_file
 
 CLIENTS = ("claude", "codex", "opencode", "aider", "continue", "zed")
+SNIPPETS = ("continue", "zed")  # printed, not started
+# the Codex CLI versions `launch codex` was run with (its profile file): 0.150.0, 0.170.0
+# and 0.171.0, the newest on 2026-12-07; `make clients` runs the newest through launch
+CODEX_TESTED = (0, 150, 0)
+TESTED_TEXT = "0.150 to 0.171"
 KEY_ENV = "LOCALLLM_API_KEY"
 
 
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     launch = sub.add_parser(
-        "launch", parents=[common], help="set up a coding agent or editor to use this server"
+        "launch",
+        parents=[common],
+        help="set up a coding agent or editor to use this server, and start it",
+        description="Set up a coding agent or editor to use this server, and start it; "
+        "arguments after -- go to the client (localllm launch codex -- exec 'fix the test').",
     )
     launch.add_argument("client", choices=CLIENTS, help="the client to set up")
-    launch.add_argument("--model", "-m", help="the model the client asks for (default: starter)")
+    launch.add_argument(
+        "--model",
+        "-m",
+        help="the model the client asks for (default: the one the running server serves)",
+    )
     launch.add_argument("--port", type=int, help="the server's port (default: the setting's)")
     launch.add_argument(
         "--print", dest="dry", action="store_true", help="print the settings; change nothing"
     )
-    launch.set_defaults(run=run)
+    launch.set_defaults(run=run, client_args=[])  # what follows `--` (cli.PASSTHROUGH)
 
 
 def _base(settings: Settings) -> str:
@@ -45,39 +66,153 @@ def _base(settings: Settings) -> str:
     return f"http://{host}:{settings.port}"
 
 
-def _codex(base: str, model: str, text: str, path: Path) -> str:
-    """The user's Codex config with our provider and profile merged in (tomlkit: their
-    comments, order and other keys stay; every value is escaped by the serializer)."""
+def _served(base: str) -> tuple[bool, str | None]:
+    """Whether a server answers at `base`, and the model it serves by default (from
+    /health, which needs no key; else the first model /v1/models lists as loaded)."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {os.environ[KEY_ENV]}"} if KEY_ENV in os.environ else {}
+    try:
+        with httpx.Client(base_url=base, timeout=3.0, headers=headers) as http:
+            health = http.get("/health")
+            # a server still loading (503) says which model too
+            model = health.json().get("model") if health.status_code in (200, 503) else None
+            if model is None:
+                rows = http.get("/v1/models").json().get("data", [])
+                model = next((r["id"] for r in rows if r.get("loaded_context_length")), None)
+    except (httpx.HTTPError, ValueError, AttributeError, KeyError, TypeError):
+        return _answers(base), None
+    return True, model if isinstance(model, str) and model else None
+
+
+def _answers(base: str) -> bool:
+    """Something accepts connections at `base` (a server busy or behind a key)."""
+    import httpx
+
+    try:
+        httpx.get(base, timeout=3.0)
+    except httpx.HTTPError:
+        return False
+    return True
+
+
+def _pick_model(settings: Settings, asked: str | None, base: str, client: str) -> tuple[str, str]:
+    """--model; else the running server's default model; else the setting's. With the
+    line that says which (and how to start a server when none answers)."""
+    if asked:
+        return asked, ""
+    up, served = _served(base)
+    fallback = settings.model or "starter"
+    if served:
+        return served, f"localllm: the server at {base} serves {served}; {client} will use it\n"
+    if up:
+        return fallback, (
+            f"localllm: the server at {base} did not say which model it serves; "
+            f"{client} will ask for {fallback} (--model to choose)\n"
+        )
+    return fallback, (
+        f"localllm: no server answers at {base}; start one with `localllm serve` "
+        f"(`--model NAME` to serve another model); {client} will ask for {fallback}\n"
+    )
+
+
+def _toml(text: str, path: Path) -> Any:
     import tomlkit
 
     try:
-        doc: Any = tomlkit.parse(text)
+        return tomlkit.parse(text)
     except tomlkit.exceptions.ParseError as exc:
         raise PathRefused(f"{path} is not valid TOML ({exc}); fix it or move it away") from None
-    ours = {
-        ("model_providers", "localllm"): {
-            "name": "localllm",
-            "base_url": f"{base}/v1",
-            "wire_api": "responses",
-            "env_key": KEY_ENV,
-        },
-        ("profiles", "localllm"): {"model": model, "model_provider": "localllm"},
-    }
-    for (outer, inner), values in ours.items():
-        if outer not in doc:
-            doc.add(outer, tomlkit.table(is_super_table=True))
-        section: Any = doc[outer]
-        if not isinstance(section, dict):
-            raise PathRefused(f"{path}: '{outer}' is not a table; fix it or move it away")
-        if inner not in section:
-            section[inner] = tomlkit.table()
-        table: Any = section[inner]
-        if not isinstance(table, dict):
-            raise PathRefused(f"{path}: '{outer}.{inner}' is not a table; fix it or move it away")
-        table.update(values)  # the user's own keys in our tables stay
+
+
+def _table(doc: Any, path: Path, *keys: str) -> Any:
+    """The table at doc[k1][k2]..., made when missing (a super-table for a parent);
+    PathRefused when something else is there."""
+    import tomlkit
+
+    here, name = doc, ""
+    for i, key in enumerate(keys):
+        name = f"{name}.{key}" if name else key
+        if key not in here:
+            here.add(key, tomlkit.table(is_super_table=i < len(keys) - 1))
+        here = here[key]
+        if not isinstance(here, dict):
+            raise PathRefused(f"{path}: '{name}' is not a table; fix it or move it away")
+    return here
+
+
+def _dumped(doc: Any) -> str:
+    import tomlkit
+
     text = tomlkit.dumps(doc)
     tomllib.loads(text)  # read back before anything is written: a fault here is ours
     return text
+
+
+def _provider(base: str) -> dict[str, str]:
+    return {
+        "name": "localllm",
+        "base_url": f"{base}/v1",
+        "wire_api": "responses",
+        "env_key": KEY_ENV,
+    }
+
+
+def _codex_profile(
+    base: str, model: str, main: str, main_path: Path, text: str, path: Path
+) -> tuple[str, str]:
+    """Codex's (config.toml, localllm.config.toml). The profile file gets
+    the model, the provider and whatever a legacy `[profiles.localllm]` table held (the
+    user's own keys stay, ours win); config.toml loses that table, a `profile =
+    "localllm"` selector and the `[model_providers.localllm]` an earlier launch wrote
+    (moved, so that one definition remains)."""
+    doc, profile = _toml(main, main_path), _toml(text, path)
+    legacy: dict[str, Any] = {}
+    profiles = doc.get("profiles")
+    if isinstance(profiles, dict) and isinstance(profiles.get("localllm"), dict):
+        legacy = dict(profiles["localllm"])
+        del profiles["localllm"]
+        if not profiles:
+            del doc["profiles"]
+    if doc.get("profile") == "localllm":
+        del doc["profile"]
+    providers = doc.get("model_providers")
+    old_provider: dict[str, Any] = {}
+    if isinstance(providers, dict) and isinstance(providers.get("localllm"), dict):
+        old_provider = dict(providers["localllm"])
+        del providers["localllm"]
+        if not providers:
+            del doc["model_providers"]
+    for key, value in legacy.items():
+        if key not in profile:
+            profile[key] = value
+    profile["model"] = model
+    profile["model_provider"] = "localllm"
+    table = _table(profile, path, "model_providers", "localllm")
+    for key, value in old_provider.items():
+        if key not in table:
+            table[key] = value
+    table.update(_provider(base))
+    return _dumped(doc), _dumped(profile)
+
+
+def _codex_version() -> tuple[int, ...] | None:
+    """The installed Codex CLI's version (`codex --version`: "codex-cli 0.171.0"), or None
+    when it is not installed or does not say."""
+    import re
+    import subprocess
+
+    found = shutil.which("codex")
+    if found is None:
+        return None
+    try:
+        out = subprocess.run(
+            [found, "--version"], capture_output=True, text=True, timeout=20, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", out)
+    return tuple(int(g) for g in match.groups()) if match else None
 
 
 def _opencode(base: str, model: str, text: str, path: Path) -> str:
@@ -134,12 +269,24 @@ def _snippet(client: str, base: str, model: str) -> str:
 
 
 def run(settings: Settings, args: argparse.Namespace) -> int:
-    base, model = _base(settings), settings.model or "starter"
-    client = args.client
-    if client in ("aider", "continue", "zed"):
+    client, base = args.client, _base(settings)
+    extra = list(args.client_args)
+    if extra and client in SNIPPETS:
+        sys.stderr.write(f"localllm: {client} is not started by launch; it takes no arguments\n")
+        return EXIT_USAGE
+    model, note = _pick_model(settings, args.model, base, client)
+    if client in SNIPPETS:
+        sys.stderr.write(note)
         sys.stdout.write(_snippet(client, base, model))
         return 0
     env = dict(os.environ)
+    if client == "aider":  # through litellm's Ollama provider, as its users run it
+        sys.stderr.write(note)
+        if args.dry:
+            sys.stdout.write(_snippet(client, base, model))
+            return 0
+        argv = ["aider", "--model", f"ollama_chat/{model}", *extra]
+        return _start(argv, env | {"OLLAMA_API_BASE": base})
     if client == "claude":
         claude_env = {
             "ANTHROPIC_BASE_URL": base,
@@ -155,27 +302,44 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
             # and asks again; a long prompt on a CPU can take longer than that to read
             "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1800000",
         }
+        sys.stderr.write(note)
         if args.dry:
             sys.stdout.write("".join(f"export {k}={v}\n" for k, v in claude_env.items()))
             return 0
-        return _start(["claude"], env | claude_env)
+        return _start(["claude", *extra], env | claude_env)
+    files: list[tuple[Path, str, str]] = []  # (path, what it holds, what it will hold)
     if client == "codex":
-        path = Path(os.environ.get("CODEX_HOME", Path.home() / ".codex")) / "config.toml"
-        old = read_user_file(path) or ""
-        new = _codex(base, model, old, path)
-        argv = ["codex", "--profile", "localllm"]
+        home = Path(os.environ.get("CODEX_HOME", Path.home() / ".codex"))
+        main, profile = home / "config.toml", home / "localllm.config.toml"
+        old, mine = read_user_file(main) or "", read_user_file(profile) or ""
+        new_main, new_profile = _codex_profile(base, model, old, main, mine, profile)
+        files += [(main, old, new_main), (profile, mine, new_profile)]
+        if new_main != old:
+            note += (
+                f"localllm: moved the localllm profile out of {main} into {profile} "
+                "(Codex 0.171 refuses a [profiles.localllm] table there)\n"
+            )
+        version = _codex_version()
+        if version is not None and version < CODEX_TESTED:
+            sys.stderr.write(
+                f"localllm: Codex CLI {'.'.join(map(str, version))} is older than the versions "
+                f"launch is tested with ({TESTED_TEXT}); if it refuses the profile, update it\n"
+            )
+        argv = ["codex", "--profile", "localllm", *extra]
     else:
         path = Path.home() / ".config" / "opencode" / "opencode.json"
         old = read_user_file(path) or ""
-        new = _opencode(base, model, old, path)
-        argv = ["opencode", "-m", f"localllm/{model}"]
+        files.append((path, old, _opencode(base, model, old, path)))
+        argv = ["opencode", *extra, "-m", f"localllm/{model}"]
+    sys.stderr.write(note)  # once the files were read: a refusal stays one line
     if args.dry:
-        sys.stdout.write(f"# {path}\n{new}")
+        sys.stdout.write("".join(f"# {path}\n{new}" for path, old, new in files if new != old))
         return 0
-    if new != old:
-        saved = write_user_file(path, new, backup=True)
-        said = f" (the old one is {saved})" if saved else ""
-        sys.stderr.write(f"localllm: wrote {path}{said}\n")
+    for path, old, new in files:
+        if new != old:
+            saved = write_user_file(path, new, backup=True)
+            said = f" (the old one is {saved})" if saved else ""
+            sys.stderr.write(f"localllm: wrote {path}{said}\n")
     env.setdefault(KEY_ENV, "unused")
     return _start(argv, env)
 

@@ -8,10 +8,10 @@ took 180 ms here, which a request waiting for the slot the conversation held wou
 otherwise wait for (benchmarks/bench_cache.py, part d). It writes only once the engine
 has been quiet for QUIET_S (the worker says when: `quiet`), CHUNK bytes at a time: a
 Python thread that the kernel leaves waiting for a core while it holds the GIL holds up
-the event loop and the worker with it, and at the idle class beside two decoding cores
-a 4-6 MB state took up to 4.8 s to write and a 33-39 MB one up to 10 s, across a
-conversation's requests (docs/benchmarks.md, "One HTTP client per run, and a disk
-writer that waits for a quiet engine"). The writer touches
+the event loop and the worker with it, and writes at the idle class beside decoding
+cores took seconds for a state of a few MB, across a conversation's requests (the
+figures: docs/benchmarks-log.md, "One HTTP client per run, and a disk writer that waits
+for a quiet engine"). The writer touches
 only files and its queues; the worker thread takes the finished writes into each
 folder's index (`take_written`, before each request) and waits for all of them when a
 model unloads (`flush`, which writes at once, and so at shutdown). Everything else here

@@ -58,7 +58,7 @@ class Streams:
 @dataclass(frozen=True, slots=True)
 class Pace:
     """How often a stream may frame: every `interval_s` while it is the only one open,
-    every n intervals while n are (what that saves four streams: docs/benchmarks.md,
+    every n intervals while n are (what that saves four streams: docs/benchmarks-log.md,
     "Every figure paired, and streams that share one frame rate")."""
 
     interval_s: float

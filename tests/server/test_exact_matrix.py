@@ -29,7 +29,7 @@ from localllm.server.openai.schemas import ChatCompletionRequest
 from tests.conftest import THREADS, loads_model
 from tests.gguf_fixtures import starter_lora
 
-MAX_TOKENS = 16
+MAX_TOKENS = 12
 
 # one conversation per setting, each with its own system prompt (so that a setting's cold
 # run finds nothing of another's in the cache) long enough for the disk tier to read it
@@ -116,7 +116,7 @@ class Answer:
 
 def messages_of(setting: str) -> list[dict[str, str]]:
     topic, question = TOPICS[setting]
-    system = f"{topic.capitalize()}: you are a guide who knows them well. Answer plainly. " * 6
+    system = f"{topic.capitalize()}: you are a guide who knows them well. Answer plainly. " * 5
     return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
 
@@ -334,7 +334,7 @@ def test_the_reference_answers_are_answers(matrix: Matrix):
     if place.finish == "stop":
         assert set(json.loads(place.text)) >= {"name", "city"}
     tool = matrix.reference["tool required"]
-    assert "get_weather" in tool.text or tool.finish == "tool_calls"
+    assert tool.text.startswith('{"tool_calls": [{"name": "get_'), tool.text  # the grammar's
     free = [s for s in SETTINGS if s not in GRAMMARS]
     assert sum(matrix.cells[s, "lookup"].proposed for s in free) > 0
     drafted = {s: matrix.cells[s, "draft"].proposed for s in free}
