@@ -170,6 +170,21 @@ class QuotaExceeded(LocalLLMError):
         self.retry_after = retry_after
 
 
+class AdminRequired(LocalLLMError):
+    """A client key asked for what changes the server for every client (server/guard.py)."""
+
+    status = 403
+    error_type = "permission_error"
+    code = "admin_required"
+
+    def __init__(self, what: str, client: str) -> None:
+        super().__init__(
+            f"{what} changes the server for every client: it needs an admin key, and the key "
+            f"'{client}' is a client key (make an admin key with `localllm keys add NAME "
+            "--admin`)."
+        )
+
+
 class ReaderStalled(LocalLLMError):
     """A streaming client took none of its answer for longer than its bound while other
     requests waited for its sequence: its stream ends with this error."""

@@ -79,6 +79,21 @@ class Breaker:
             self.down_until = 0.0
 
 
+def shown_url(url: str) -> str:
+    """A remote's URL as /health, /api/ps and logs show it: without the user and password
+    a URL may carry (`http://user:secret@host/v1` is `http://host/v1`)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port is not None else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 class Upstream:
     """One registered engine: its HTTP client, its breaker and its model list."""
 
@@ -121,7 +136,7 @@ class Upstream:
         down = self.breaker.down_for_s()
         return {
             "name": self.name,
-            "url": self.remote.url,
+            "url": shown_url(self.remote.url),
             "state": "down" if down > 0 else "up",
             "down_for_s": round(down, 1),
             "failures": self.breaker.failures,
@@ -193,7 +208,9 @@ class Upstream:
             except httpx.TimeoutException:
                 raise self._failed("no answer within the connect/read timeout") from None
             except httpx.HTTPError as exc:
-                raise self._failed(f"cannot connect to {self.remote.url}: {exc}") from None
+                raise self._failed(
+                    f"cannot connect to {shown_url(self.remote.url)}: {exc}"
+                ) from None
             try:
                 if reply.status_code in (429, 503):
                     wait = _retry_after(reply.headers.get("retry-after"), attempt)

@@ -290,16 +290,19 @@ def configured_draft(settings: Settings) -> ModelRef | None:
 
 
 def admin(settings: Settings, route: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """POST to a running server's admin route (with LOCALLLM_API_KEY when it is set):
-    (status, JSON body); status 0 when no server answers."""
+    """POST to a running server's admin route: (status, JSON body); status 0 when no
+    server answers. It sends LOCALLLM_API_KEY when that is set, else the owner's secret
+    (owner.key in the data folder, which this user alone can read and which the servers
+    of that folder take as an admin key)."""
     import urllib.error
     import urllib.request
 
+    from localllm.engine.accounting import owner_secret
+
     url = settings.base_url().removesuffix("/v1") + route
     headers = {"Content-Type": "application/json"}
-    key = os.environ.get("LOCALLLM_API_KEY")
-    if key:
-        headers["Authorization"] = f"Bearer {key}"
+    key = os.environ.get("LOCALLLM_API_KEY") or owner_secret(settings.data_dir)
+    headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
     try:
         with urllib.request.urlopen(req, timeout=600) as resp:

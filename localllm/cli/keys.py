@@ -24,6 +24,12 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument(
         "--tokens-per-day", type=positive_int, help="prompt + completion tokens per UTC day"
     )
+    add.add_argument(
+        "--admin",
+        action="store_true",
+        help="may load, unload, pull and delete models and set LoRA adapters (a client "
+        "key may not)",
+    )
     listing = actions.add_parser("list", help="names, dates, limits and usage (no secrets)")
     listing.add_argument("--json", action="store_true", help="machine-readable output")
     rm = actions.add_parser("rm", help="revoke a key (at once, also in a running server)")
@@ -35,10 +41,14 @@ def run(settings: Settings, args: argparse.Namespace) -> int:
     accounting = Accounting.for_settings(settings)
     try:
         if args.keys_command == "add":
-            secret = accounting.add_key(args.name, rpm=args.rpm, tokens_per_day=args.tokens_per_day)
+            secret = accounting.add_key(
+                args.name, rpm=args.rpm, tokens_per_day=args.tokens_per_day, admin=args.admin
+            )
+            role = "an admin key" if args.admin else "a client key (no model management)"
             sys.stderr.write(
-                f"Made the key '{args.name}'. It is shown only now: clients send it as "
-                "'Authorization: Bearer KEY'. Every route but /health now needs a key.\n"
+                f"Made the key '{args.name}', {role}. It is shown only now: clients send it "
+                "as 'Authorization: Bearer KEY'. Every route but /health now needs a key; "
+                "this user's own localllm commands use owner.key in the data folder.\n"
             )
             sys.stdout.write(secret + "\n")
             return 0
@@ -62,6 +72,7 @@ def _list_keys(accounting: Accounting, *, as_json: bool) -> int:
         rows.append(
             {
                 "name": key.name,
+                "role": "admin" if key.admin else "client",
                 "hint": key.hint + "…",
                 "created": _date(key.created),
                 "rpm": key.rpm,
@@ -82,7 +93,17 @@ def _list_keys(accounting: Accounting, *, as_json: bool) -> int:
             "Make one with `localllm keys add NAME`.\n"
         )
         return 0
-    header = ("NAME", "KEY", "CREATED", "LIMITS", "TODAY", "REQUESTS", "PROMPT", "COMPLETION")
+    header = (
+        "NAME",
+        "ROLE",
+        "KEY",
+        "CREATED",
+        "LIMITS",
+        "TODAY",
+        "REQUESTS",
+        "PROMPT",
+        "COMPLETION",
+    )
     table = [header]
     for r in rows:
         limits = (
@@ -99,6 +120,7 @@ def _list_keys(accounting: Accounting, *, as_json: bool) -> int:
         table.append(
             (
                 str(r["name"]),
+                str(r["role"]),
                 str(r["hint"]),
                 str(r["created"]),
                 limits,

@@ -6,11 +6,19 @@ with every stored digest in constant time. The server reads the keys again whene
 another process (`localllm keys rm`) changed the database, so a revoked key stops
 working with the next request.
 
+A key is a client's (completions, embeddings, its own stored responses) unless it was
+made with `admin`: loading, unloading, pulling and deleting models and setting LoRA
+adapters need an admin key once keys exist (server/guard.py). The owner of the data
+folder is an admin without making a key: `owner.key` beside the database holds a secret
+readable by that user only, which the CLI sends to its server (`owner_secret`).
+
 Usage is counted per client (a key's name, "anonymous" for requests without a key when
-none are configured, "chat" for the terminal chat) and per UTC day: requests, prompt,
-cached and completion tokens, and seconds spent. Quotas (requests per minute, tokens
-per day) are checked from memory before a request runs; the database is written by a
-thread of its own, off the engine's path.
+none are configured, "chat" for the terminal chat, "owner") and per UTC day: requests,
+prompt, cached and completion tokens, and seconds spent. Quotas (requests per minute,
+tokens per day) are checked from memory before a request runs; the database is written
+by a thread of its own with a connection of its own, off the engine's path: a database
+another program holds locked delays the writes (retried with backoff until they land),
+never a request, and loses nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import hashlib
 import hmac
 import logging
 import math
-import queue
+import os
 import secrets
 import sqlite3
 import threading
@@ -32,6 +40,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from localllm.engine.usage_writer import UsageWriter
 from localllm.errors import InvalidRequest, QuotaExceeded
 
 if TYPE_CHECKING:
@@ -48,7 +57,8 @@ CREATE TABLE IF NOT EXISTS keys (
     hint TEXT NOT NULL,
     created REAL NOT NULL,
     rpm INTEGER,
-    tokens_per_day INTEGER
+    tokens_per_day INTEGER,
+    admin INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS usage (
     client TEXT NOT NULL,
@@ -61,17 +71,9 @@ CREATE TABLE IF NOT EXISTS usage (
     PRIMARY KEY (client, day)
 );
 """
-_UPSERT = """
-INSERT INTO usage (client, day, requests, prompt_tokens, cached_tokens, completion_tokens, seconds)
-VALUES (?, ?, 1, ?, ?, ?, ?)
-ON CONFLICT (client, day) DO UPDATE SET
-    requests = requests + 1,
-    prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-    cached_tokens = cached_tokens + excluded.cached_tokens,
-    completion_tokens = completion_tokens + excluded.completion_tokens,
-    seconds = seconds + excluded.seconds
-"""
 MAX_NAME = 64
+OWNER = "owner"  # the client name of the owner's secret (owner.key)
+OWNER_FILE = "owner.key"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +84,7 @@ class Key:
     created: float
     rpm: int | None  # requests per minute; None: no limit
     tokens_per_day: int | None  # prompt + completion tokens per UTC day; None: no limit
+    admin: bool = False  # may load, unload, pull and delete models and set adapters
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,26 +137,40 @@ class Accounting:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)
+            columns = {row[1] for row in self._db.execute("PRAGMA table_info(keys)")}
+            if "admin" not in columns:  # a database made before roles: every key a client
+                self._db.execute("ALTER TABLE keys ADD COLUMN admin INTEGER NOT NULL DEFAULT 0")
             self._db.commit()
+        self._owner: str | None = None  # the owner's secret's digest, once read
         self._keys: list[Key] = []
         self._version = -1
         self._recent: dict[str, deque[float]] = {}  # admitted request times, per client
         self._tokens_today: dict[tuple[str, str], int] = {}
         self._reserved: dict[str, int] = {}  # tokens held by running requests, per client
-        self._writes: queue.Queue[tuple | None] = queue.Queue()
-        self._writer: threading.Thread | None = None
+        self._writer = UsageWriter(path)  # usage reaches the database off the request path
 
     # -- keys ----------------------------------------------------------------------
     def add_key(
-        self, name: str, *, rpm: int | None = None, tokens_per_day: int | None = None
+        self,
+        name: str,
+        *,
+        rpm: int | None = None,
+        tokens_per_day: int | None = None,
+        admin: bool = False,
     ) -> str:
         """Make a key named `name`; return its secret (the only time it is seen)."""
         check_name(name)
+        if name == OWNER:
+            raise InvalidRequest(
+                f"'{OWNER}' names the data folder's owner (owner.key); choose another name",
+                param="name",
+            )
         secret = KEY_PREFIX + secrets.token_urlsafe(32)
         with self._lock:
             try:
                 self._db.execute(
-                    "INSERT INTO keys VALUES (?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO keys (name, digest, hint, created, rpm, tokens_per_day, admin)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
                         name,
                         digest(secret),
@@ -161,6 +178,7 @@ class Accounting:
                         time.time(),
                         rpm,
                         tokens_per_day,
+                        int(admin),
                     ),
                 )
                 self._db.commit()
@@ -186,20 +204,28 @@ class Accounting:
             version = self._db.execute("PRAGMA data_version").fetchone()[0]
             if version != self._version:
                 rows = self._db.execute(
-                    "SELECT name, digest, hint, created, rpm, tokens_per_day FROM keys "
+                    "SELECT name, digest, hint, created, rpm, tokens_per_day, admin FROM keys "
                     "ORDER BY created"
                 ).fetchall()
-                self._keys = [Key(*row) for row in rows]
+                self._keys = [
+                    Key(name, dig, hint, created, rpm, tpd, admin=bool(admin))
+                    for name, dig, hint, created, rpm, tpd, admin in rows
+                ]
                 self._version = version
             return self._keys
 
     def lookup(self, secret: str) -> Key | None:
-        """The key whose secret this is, comparing with every key in constant time."""
+        """The key whose secret this is, comparing with every key in constant time; the
+        owner's secret is an admin key named "owner" with no limits."""
         presented = digest(secret)
         found = None
         for key in self.list_keys():
             if hmac.compare_digest(presented, key.digest):
                 found = key
+        if self._owner is None:
+            self._owner = digest(owner_secret(self.path.parent))
+        if hmac.compare_digest(presented, self._owner):
+            found = Key(OWNER, self._owner, "", 0.0, None, None, admin=True)
         return found
 
     # -- quotas --------------------------------------------------------------------
@@ -256,6 +282,29 @@ class Accounting:
             self._reserved[client] = held + prompt + granted
         return granted, prompt + granted
 
+    def limited(self, client: str) -> bool:
+        """Whether `client`'s key has a daily token limit."""
+        return any(k.name == client and k.tokens_per_day is not None for k in self.list_keys())
+
+    def check_tokens(self, client: str, pending: int, what: str) -> None:
+        """QuotaExceeded when `client`'s key has not `pending` tokens left today (the
+        embeddings or rerank of a request, counted piece by piece before each is read)."""
+        key = next((k for k in self.list_keys() if k.name == client), None)
+        if key is None or key.tokens_per_day is None:
+            return
+        t = time.time()
+        used = self.tokens_today(client, t)
+        with self._lock:
+            held = self._reserved.get(client, 0)
+        if used + held + pending > key.tokens_per_day:
+            wait = seconds_to_midnight(t)
+            raise QuotaExceeded(
+                f"Rate limit: the key '{client}' has used {used} of its {key.tokens_per_day} "
+                f"tokens for today (UTC) and {held} are held by requests running now; these "
+                f"{what} need {pending}; try again in {wait} s.",
+                wait,
+            )
+
     def settle(self, client: str, reserved: int) -> None:
         """A request admitted by `reserve` ended: what it used is counted by `record`."""
         if reserved:
@@ -299,42 +348,11 @@ class Accounting:
         self.tokens_today(client)  # start today's count from the database first
         with self._lock:
             self._tokens_today[(client, day)] += prompt + completion
-            if self._writer is None:
-                self._writer = threading.Thread(
-                    target=self._write_loop, name="localllm-usage", daemon=True
-                )
-                self._writer.start()
-        self._writes.put((client, day, prompt, cached, completion, seconds))
-
-    def _write_loop(self) -> None:
-        while True:
-            item = self._writes.get()
-            if item is None:
-                return
-            batch = [item]
-            with contextlib.suppress(queue.Empty):
-                while len(batch) < 256:
-                    nxt = self._writes.get_nowait()
-                    if nxt is None:
-                        self._flush(batch)
-                        return
-                    batch.append(nxt)
-            self._flush(batch)
-
-    def _flush(self, batch: list[tuple]) -> None:
-        try:
-            with self._lock:
-                self._db.executemany(_UPSERT, batch)
-                self._db.commit()
-        except sqlite3.Error:
-            log.exception("could not write %d usage records", len(batch))
-        finally:
-            for _ in batch:
-                self._writes.task_done()
+        self._writer.put((client, day, prompt, cached, completion, seconds))
 
     def flush(self) -> None:
         """Wait until every recorded request is in the database."""
-        self._writes.join()
+        self._writer.flush()
 
     def usage(self, days: int | None = None) -> list[Usage]:
         """Usage rows, newest day first; `days`: only the last that many days."""
@@ -359,11 +377,38 @@ class Accounting:
         return {row[0]: Usage(*row) for row in rows}
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writes.put(None)
-            self._writer.join(timeout=10)
+        self._writer.close()
         with self._lock:
             self._db.close()
+
+
+def owner_secret(data_dir: Path) -> str:
+    """The owner's secret for the servers of this data folder (`owner.key`, made once,
+    readable by its user only): the CLI sends it to its own server, which takes it as an
+    admin key. Made with O_EXCL, so two servers starting together agree on one."""
+    path = data_dir / OWNER_FILE
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            secret = "sk-localllm-owner-" + secrets.token_urlsafe(32)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            except FileExistsError:
+                continue  # another process made it first: read theirs
+            try:
+                os.write(fd, secret.encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return secret
+        with os.fdopen(fd, "rb") as fh:
+            text = fh.read(256).decode("ascii", "replace").strip()
+        if text:
+            return text
+        time.sleep(0.05)  # made a moment ago and not written yet
+    raise OSError(f"{path} is empty; remove it and start the server again")
 
 
 def check_name(name: str) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import logging
@@ -69,6 +70,27 @@ class DiskEntry:
     size: int = 0  # the .kv file's bytes (summed after every step for /health: never a stat)
 
 
+TMP_PREFIX = ".tmp-"  # a state on its way to disk; renamed into place when whole
+
+
+def _remove_if_abandoned(path: Path) -> None:
+    """Remove a temporary file no writer holds any more (its process was killed before
+    the rename); one a live writer holds keeps its lock and stays."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # being written
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        path.unlink()
+        log.info("removed %s, left by a writer that stopped", path.name)
+
+
 @dataclass(slots=True)
 class Shelf:
     """One model identity's folder: the states in it, and those on their way."""
@@ -80,8 +102,11 @@ class Shelf:
     def index(self) -> None:
         try:
             sidecars = list(self.dir.glob("*.json"))
+            leftovers = list(self.dir.glob(TMP_PREFIX + "*"))
         except OSError:
             return
+        for tmp in leftovers:
+            _remove_if_abandoned(tmp)
         for side in sidecars:
             try:
                 meta = json.loads(side.read_text(encoding="utf-8"))
@@ -294,11 +319,15 @@ def _write_files(job: _Write, settle: Callable[[], None]) -> bool:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for suffix, write in ((".kv", state), (".json", sidecar)):
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=folder)
             try:
+                # held while it is written: a start that can take the lock finds the
+                # file of a writer that died (SIGKILL) and removes it (Shelf.index)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 with os.fdopen(fd, "wb") as fh:
                     write(fh)
-                os.replace(tmp, folder / f"{job.key}{suffix}")
+                    fh.flush()
+                    os.replace(tmp, folder / f"{job.key}{suffix}")  # still locked
             except OSError:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)

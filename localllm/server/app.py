@@ -104,6 +104,7 @@ def create_app(
     With `accounting`, its keys guard every route but /health and usage is counted."""
     app = FastAPI(title="localllm", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.engine = engine
+    app.state.accounting = accounting  # embeddings and rerank count their tokens (serving.py)
     app.state.settings = settings
     app.state.streams = Streams()  # the paced streams open: they share a frame rate
     install_error_handlers(app)

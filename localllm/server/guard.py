@@ -48,6 +48,18 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = ("/health",)  # served without a key
+# what changes the server for every client: an admin key's, once keys exist (a client
+# key gets 403 admin_required); Ollama's load and unload through keep_alive are checked
+# in their route (ollama/routes.py), as they share /api/generate and /api/chat
+ADMIN_ROUTES = frozenset(
+    {
+        ("POST", "/admin/load"),
+        ("POST", "/admin/unload"),
+        ("POST", "/api/pull"),
+        ("DELETE", "/api/delete"),
+        ("POST", "/lora-adapters"),
+    }
+)
 _LOOPBACK_NAMES = ("localhost",)
 # Only `.localhost` names are loopback by definition (browsers resolve them so
 # themselves). `.local` (mDNS) and `.internal` are not allowed by default: any machine
@@ -179,6 +191,14 @@ class Guard:
         self, scope: Scope, headers: dict[str, str], origin: str | None, allowed_origin: bool
     ) -> tuple[int, str, str, dict[str, str]] | None:
         """(status, message, code, headers) when the request is refused; else None."""
+        hosts = sum(1 for k, _ in scope["headers"] if k.lower() == b"host")
+        if hosts > 1:  # which one a proxy or a check reads differs: RFC 9112 says 400
+            return (
+                400,
+                f"The request has {hosts} Host headers; send one.",
+                "duplicate_host_header",
+                {},
+            )
         if not self.hosts.allows(headers.get("host")):
             host = headers.get("host", "")[:100]
             return (
@@ -201,6 +221,7 @@ class Guard:
             return None  # a preflight: CORSMiddleware answers it, no key needed
         state = scope["state"]
         state["client"] = "anonymous"
+        state["admin"] = True  # without keys, whoever reaches the server (loopback) is
         if self.accounting is not None and path not in OPEN_PATHS:
             keys = self.accounting.list_keys()
             if keys:
@@ -217,7 +238,16 @@ class Guard:
                         "invalid_api_key",
                         {"WWW-Authenticate": "Bearer"},
                     )
-                state["client"] = key.name
+                state["client"], state["admin"] = key.name, key.admin
+                if not key.admin and (method, path) in ADMIN_ROUTES:
+                    return (
+                        403,
+                        f"{method} {path} changes the server for every client: it needs an "
+                        f"admin key, and the key '{key.name}' is a client key (make an admin "
+                        "key with `localllm keys add NAME --admin`).",
+                        "admin_required",
+                        {},
+                    )
                 over = self.accounting.over_quota(key)
                 if over is not None:
                     why, wait = over
@@ -295,7 +325,7 @@ async def _send_error(
     send: Send, status: int, message: str, code: str, headers: dict[str, str], path: str
 ) -> None:
     err_type = {401: "authentication_error", 429: "rate_limit_error"}.get(
-        status, "invalid_request_error"
+        status, "permission_error" if code == "admin_required" else "invalid_request_error"
     )
     body = json.dumps(error_for(path, status, message, err_type, None, code)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

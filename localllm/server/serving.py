@@ -56,6 +56,13 @@ async def cancel_on_disconnect(stream: ChunkStream, request: Request) -> None:
     await on_disconnect(request, stream.cancel)
 
 
+def admin_of(request: Request) -> tuple[bool, str]:
+    """Whether the request's key may change the server for every client, and its name
+    (set by the guard: server/guard.py)."""
+    state = request.scope.get("state", {})
+    return bool(state.get("admin", False)), str(state.get("client", "anonymous"))
+
+
 def who(request: Request) -> dict[str, Any]:
     """The engine request's fields that say who asked (from the guard) and what it may name."""
     state = request.scope.get("state", {})
@@ -164,8 +171,18 @@ async def embed(
         got: tuple[list[Any], int] = loaded.embed(piece, pooling=pooling, first=first)
         return got
 
+    def count(loaded: Any, item: Any) -> int:
+        return len(loaded.tokenize(item)) if isinstance(item, str) else len(item)
+
     return await in_pieces(
-        request, model, inputs, work, size=_chars, what="embeddings", keep_alive=keep_alive
+        request,
+        model,
+        inputs,
+        work,
+        size=_chars,
+        what="embeddings",
+        keep_alive=keep_alive,
+        count=count,
     )
 
 
@@ -182,7 +199,12 @@ async def rerank(
     def size(doc: Any) -> int:
         return len(query) + len(doc)
 
-    return await in_pieces(request, model, documents, work, size=size, what="reranking")
+    def count(loaded: Any, doc: Any) -> int:
+        return len(loaded.tokenize(query)) + len(loaded.tokenize(doc))
+
+    return await in_pieces(
+        request, model, documents, work, size=size, what="reranking", count=count
+    )
 
 
 async def in_pieces(
@@ -194,6 +216,7 @@ async def in_pieces(
     size: Callable[[Any], int],
     what: str,
     keep_alive: float | None = None,
+    count: Callable[[Any, Any], int] | None = None,
 ) -> tuple[list[Any], int, str]:
     """work(the loaded model, a piece of the items, the index of its first) over all the
     items: the results in order, the tokens read and the model's name.
@@ -203,17 +226,27 @@ async def in_pieces(
     waiting for all of it (`_share`); when the client leaves, the pieces not yet begun are
     not computed."""
     engine, settings = engine_of(request), settings_of(request)
+    accounting = getattr(request.app.state, "accounting", None)
+    client = who(request)["client"]
     left = asyncio.Event()
     watcher = asyncio.create_task(on_disconnect(request, left.set))
     results: list[Any] = []
     tokens, name, done = 0, model or "", 0
+    started = time.monotonic()
     try:
+        # held against the key's tokens for the day: each piece counted before it is read
+        limited = accounting is not None and accounting.limited(client)
         while done < len(items):
             chars = EMBED_PIECE_BUSY if _busy(engine) else EMBED_PIECE_IDLE
             piece = _piece(items, done, chars, size)
             began = time.monotonic()
 
-            def call(loaded: Any, piece: list[Any] = piece, first: int = done) -> Any:
+            def call(
+                loaded: Any, piece: list[Any] = piece, first: int = done, read: int = tokens
+            ) -> Any:
+                if limited and accounting is not None and count is not None:
+                    ahead = sum(count(loaded, item) for item in piece)
+                    accounting.check_tokens(client, read + ahead, what)
                 got, n = work(loaded, piece, first)
                 return got, n, loaded.info.id
 
@@ -234,6 +267,8 @@ async def in_pieces(
                 await _share(engine, time.monotonic() - began)
     finally:
         watcher.cancel()
+        if accounting is not None and tokens:  # counted as completions are, read or not
+            accounting.record(client, tokens, 0, 0, time.monotonic() - started)
     return results, tokens, name
 
 

@@ -59,14 +59,22 @@ def test_load_pin_and_stop(tmp_path: Path, starter_ref):
         r = httpx.post(srv.base + "/v1/completions", json={"prompt": "Hi", "max_tokens": 2},
                        timeout=120)
         assert r.status_code == 200 and "starter" in loaded(srv)
-        keys = subprocess.run([sys.executable, "-m", "localllm", "keys", "add", "ops"],
-                              env={**os.environ, "LOCALLLM_DATA_DIR": str(tmp_path / "data")},
-                              capture_output=True, text=True, timeout=60)
-        secret = keys.stdout.strip().splitlines()[-1]
-        done = run(srv.port, tmp_path, "stop", "--all")
-        assert done.returncode == 1 and "LOCALLLM_API_KEY" in done.stderr
-        done = run(srv.port, tmp_path, "stop", "--all", key=secret)
+        def key(*args: str) -> str:
+            made = subprocess.run([sys.executable, "-m", "localllm", "keys", "add", *args],
+                                  env={**os.environ, "LOCALLLM_DATA_DIR": str(tmp_path / "data")},
+                                  capture_output=True, text=True, timeout=60)
+            return made.stdout.strip().splitlines()[-1]
+
+        client, ops = key("editor"), key("ops", "--admin")
+        # keys on: a client key may not unload models for everyone (#52)
+        done = run(srv.port, tmp_path, "stop", "--all", key=client)
+        assert done.returncode == 1 and "'editor' is a client key" in done.stderr
+        done = run(srv.port, tmp_path, "stop", "--all", key=ops)
         assert done.returncode == 0, done.stderr
+        # the data folder's owner needs no key: the command sends owner.key
+        run(srv.port, tmp_path, "load", "starter", key=ops)
+        done = run(srv.port, tmp_path, "stop", "--all")
+        assert done.returncode == 0 and "unloaded starter" in done.stdout, done.stderr
     finally:
         srv.stop()
 

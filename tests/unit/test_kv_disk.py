@@ -94,3 +94,26 @@ def test_states_go_to_disk_only_while_the_engine_is_quiet_and_at_once_in_a_flush
     for key, first in (("busy", 0), ("quiet", 100)):  # read checks the sidecar's SHA-256
         snap = reread.read(key, Bytes())  # type: ignore[arg-type]
         assert snap is not None and snap.payload == state(20, first).payload
+
+
+def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_path: Path):
+    """A state on its way to disk is a `.tmp-*` file its writer holds locked; a server
+    killed mid-write leaves it unlocked, and the next index of that folder removes it."""
+    import fcntl
+    import os
+
+    from localllm.engine.kv_disk import TMP_PREFIX, Shelf
+
+    dead = tmp_path / f"{TMP_PREFIX}dead"
+    dead.write_bytes(b"x" * 4096)
+    live = tmp_path / f"{TMP_PREFIX}live"
+    live.write_bytes(b"y" * 4096)
+    fd = os.open(live, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another process writing it now
+    try:
+        Shelf(tmp_path).index()
+        assert not dead.exists() and live.exists()
+    finally:
+        os.close(fd)
+    Shelf(tmp_path).index()  # its writer gone too
+    assert not live.exists()

@@ -31,11 +31,12 @@ from localllm.backends.base import (
     ToolCall,
 )
 from localllm.backends.chat_template import CHATML
+from localllm.backends.remote import shown_url
 from localllm.config import Settings
 from localllm.engine.client import EngineClient
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
-from localllm.errors import InvalidRequest, LocalLLMError, ModelNotFound
+from localllm.errors import AdminRequired, InvalidRequest, LocalLLMError, ModelNotFound
 from localllm.models import projector
 from localllm.models.gguf import ModelMeta
 from localllm.models.sampling import recommended
@@ -51,7 +52,7 @@ from localllm.server.ollama.schemas import (
     _Common,
     model_name,
 )
-from localllm.server.serving import collect, pace, start
+from localllm.server.serving import admin_of, collect, pace, start
 from localllm.units import format_params
 
 router = APIRouter()
@@ -205,6 +206,11 @@ async def _load_only(request: Request, body: _Common, chat: bool) -> JSONRespons
     engine: EngineClient = request.app.state.engine
     settings: Settings = request.app.state.settings
     name = model_name(body.model)
+    pinning = body.keep_alive is not None and body.keep_alive < 0
+    admin, client = admin_of(request)
+    if (body.keep_alive == 0 or pinning) and not admin:
+        what = "Unloading a model" if body.keep_alive == 0 else "Keeping a model loaded for good"
+        raise AdminRequired(f"{what} (keep_alive {body.keep_alive:g})", client)
     if body.keep_alive == 0:
         await asyncio.to_thread(engine.unload, name)
         reason = "unload"
@@ -252,7 +258,7 @@ async def tags(request: Request) -> JSONResponse:
                 "modified_at": _now(),
                 "size": 0,
                 "digest": "",
-                "remote_host": engine.remotes.upstreams[m.remote].remote.url,
+                "remote_host": shown_url(engine.remotes.upstreams[m.remote].remote.url),
                 "details": {
                     "format": "remote",
                     "family": "",

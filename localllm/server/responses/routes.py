@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import sqlite3
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,6 +43,7 @@ from localllm.server.responses.schemas import (
 )
 from localllm.server.responses.store import ResponseStore
 from localllm.server.serving import (
+    admin_of,
     collect,
     engine_of,
     pace,
@@ -51,6 +54,7 @@ from localllm.server.serving import (
 )
 
 router = APIRouter()
+log = logging.getLogger(__name__)
 _ITEMS = pydantic.TypeAdapter(list[Item])
 
 
@@ -77,6 +81,11 @@ def store_of(request: Request) -> ResponseStore:
     return store
 
 
+def owner_of(request: Request) -> str:
+    """Whose stored responses this request may see: its key's name (server/guard.py)."""
+    return admin_of(request)[1]
+
+
 def _with_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     prefixes = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
     return [
@@ -88,7 +97,9 @@ async def _conversation(request: Request, body: ResponsesBody) -> tuple[list[Ite
     """The items before this request (the stored chain) and this request's own."""
     earlier: list[Item] = []
     if body.previous_response_id is not None:
-        found = await asyncio.to_thread(store_of(request).conversation, body.previous_response_id)
+        found = await asyncio.to_thread(
+            store_of(request).conversation, body.previous_response_id, owner_of(request)
+        )
         if found is None:
             raise ResponseNotFound(body.previous_response_id, "previous_response_id")
         earlier = _ITEMS.validate_python(found)
@@ -154,10 +165,20 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
     ]
     own = _with_ids(dumped(items))
 
+    owner = owner_of(request)
+
     def keep(response: dict[str, Any]) -> None:
+        """Store the response; an answer that was generated is returned even when the
+        store cannot take it (its database locked by another program past its timeout):
+        with a `store_warning` saying so (a streamed one's last event is sent already,
+        so it is logged)."""
         if body.store:
             chain = dumped(earlier) + own + response["output"]
-            store_of(request).put(response, own, chain)
+            try:
+                store_of(request).put(response, own, chain, owner)
+            except sqlite3.Error as exc:
+                log.warning("response %s not stored: %s", response.get("id"), exc)
+                response["store_warning"] = f"not stored ({exc}): it cannot be continued"
 
     def answer_for(started: Started) -> Answer:
         return Answer(started.model, started.prompt_tokens, _echo(body, offered), body.namespaces())
@@ -226,12 +247,12 @@ async def input_tokens(body: ResponsesBody, request: Request) -> JSONResponse:
 @router.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
 async def one(response_id: str, request: Request) -> JSONResponse:
     """GET: the stored response; DELETE: forget it."""
-    store = store_of(request)
+    store, owner = store_of(request), owner_of(request)
     if request.method == "DELETE":
-        if not await asyncio.to_thread(store.delete, response_id):
+        if not await asyncio.to_thread(store.delete, response_id, owner):
             raise ResponseNotFound(response_id)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
-    found = await asyncio.to_thread(store.body, response_id)
+    found = await asyncio.to_thread(store.body, response_id, owner)
     if found is None:
         raise ResponseNotFound(response_id)
     return JSONResponse(found)
@@ -241,7 +262,7 @@ async def one(response_id: str, request: Request) -> JSONResponse:
 async def input_items(
     response_id: str, request: Request, order: str = "desc", limit: int = 20
 ) -> JSONResponse:
-    found = await asyncio.to_thread(store_of(request).input_items, response_id)
+    found = await asyncio.to_thread(store_of(request).input_items, response_id, owner_of(request))
     if found is None:
         raise ResponseNotFound(response_id)
     if order not in ("asc", "desc"):
