@@ -19,7 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from localllm.backends.base import MEDIA_MARKER, Media, ModelInfo
-from localllm.errors import InvalidRequest, LocalLLMError
+from localllm.errors import InvalidRequest
 
 MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or clip as sent (after base64)
 MAX_IMAGE_PIXELS = 40_000_000  # width times height, decoded
@@ -200,10 +200,17 @@ class Held:
 
 
 def lost_media(text: str) -> None:
-    """LocalLLMError when a prompt without pictures places one: a rewrite of the messages
-    dropped a picture on the way (clients cannot send the marker: server/media.py)."""
+    """InvalidRequest when a prompt without pictures places one: the marker came with the
+    client's text, in a field the schemas do not check one by one (a tool's description,
+    a tool call's arguments, a system prompt: server/media.py checks message text)."""
     if MEDIA_MARKER in text:
-        raise LocalLLMError("a picture was lost while the prompt was laid out (a localllm bug)")
+        raise InvalidRequest(
+            f"the request's text contains {MEDIA_MARKER!r}, which localllm reserves for "
+            "pictures; remove it (from a message, a system prompt or instructions, a tool's "
+            "description or a tool call's arguments)",
+            param="messages",
+            code="reserved_marker",
+        )
 
 
 # -- stand-in token ids ----------------------------------------------------------------

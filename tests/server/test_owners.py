@@ -281,3 +281,49 @@ def test_two_host_headers_are_a_400(team: Team):
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
     assert b"2 Host headers" in reply
+
+
+MARK = "<__localllm_media__>"
+MARKED = [  # the fields where client text reaches the prompt unchecked one by one (#52)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "tools": [
+        {"type": "function", "function": {"name": "f", "description": f"x {MARK} y"}}]}),
+    ("/v1/chat/completions", {"messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+         "function": {"name": "f", "arguments": f'{{"a": "{MARK}"}}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "Hi"}],
+                      "tools": [{"name": "f", "description": MARK,
+                                 "input_schema": {"type": "object"}}]}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f",
+                                           "input": {"a": MARK}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                                      "content": "ok"}]}]}),
+    ("/v1/responses", {"input": "Hi", "instructions": f"be {MARK} brief"}),
+    ("/api/generate", {"prompt": "Hi", "system": f"x {MARK}", "stream": False}),
+]
+
+
+@pytest.mark.parametrize("route, body", MARKED)
+def test_the_reserved_picture_marker_in_any_field_is_a_400(team: Team, route: str, body: dict):
+    body = {"model": "starter", "max_tokens": 4, **body} if route != "/api/generate" else {
+        "model": "starter", **body}
+    if route == "/v1/responses":
+        body.pop("max_tokens")
+    r = team.call("alice", "POST", route, body)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert "localllm reserves" in r.text
+
+
+@pytest.mark.parametrize("tools", [
+    [{"type": "function", "name": "bad name!"}],
+    [{"type": "function"}],
+    [{"type": "function", "name": "f", "parameters": [1, 2]}],
+    [{"type": "namespace", "name": "ns", "tools": [{"type": "function", "name": "bad name!"}]}],
+])
+def test_a_malformed_responses_tool_is_a_400_naming_tools(team: Team, tools: list):
+    r = _response(team, "alice", tools=tools)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert r.json()["error"]["param"] is not None and "tools" in r.json()["error"]["param"]

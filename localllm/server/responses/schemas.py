@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
+import pydantic
 from pydantic import Discriminator, Field, Tag, field_validator
 
 from localllm.backends.base import MEDIA_MARKER, Media, Message, SamplingParams, ToolCall
@@ -294,6 +295,21 @@ class Reasoning(wire.Wire):
 INCLUDABLE = frozenset({"reasoning.encrypted_content"})
 
 
+_T = TypeVar("_T", bound=pydantic.BaseModel)
+
+
+def _tool(kind: type[_T], raw: Any, param: str) -> _T:
+    """A tool entry read as `kind`; a malformed one is a 400 naming where it is and what
+    is wrong with it (its name's pattern, a missing name, parameters not an object)."""
+    try:
+        return kind.model_validate(raw)
+    except pydantic.ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        field = f"{param}.{where}" if where else param
+        raise InvalidRequest(f"{field}: {first.get('msg', 'invalid')}", param=field) from None
+
+
 class ResponsesBody(wire.Wire):
     IGNORED = tolerance.names(tolerance.RESPONSES)
 
@@ -328,16 +344,16 @@ class ResponsesBody(wire.Wire):
         groups some in a `namespace` tool; a call names its namespace). Hosted tools are
         left out; any other kind is a 400 naming it. Read once per request."""
         out: list[tuple[FunctionTool, str | None]] = []
-        for raw in self.tools or ():
+        for i, raw in enumerate(self.tools or ()):
             kind = raw.get("type")
             if kind in HOSTED:
                 continue
             if kind == "namespace":
-                inner = NamespaceTool.model_validate(raw)
+                inner = _tool(NamespaceTool, raw, f"tools[{i}]")
                 out += [
-                    (FunctionTool.model_validate(t), inner.name)
-                    for t in inner.tools
-                    if t.get("type") not in HOSTED
+                    (_tool(FunctionTool, t, f"tools[{i}].tools[{j}]"), inner.name)
+                    for j, t in enumerate(inner.tools)
+                    if not isinstance(t, dict) or t.get("type") not in HOSTED
                 ]
                 continue
             if kind != "function":
@@ -347,7 +363,7 @@ class ResponsesBody(wire.Wire):
                     f"{', '.join(sorted(HOSTED))})",
                     param="tools",
                 )
-            out.append((FunctionTool.model_validate(raw), None))
+            out.append((_tool(FunctionTool, raw, f"tools[{i}]"), None))
         return out
 
     def namespaces(self) -> dict[str, str]:
