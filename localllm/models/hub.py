@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import errno
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -445,8 +447,30 @@ def existing(models_dir: Path, plan: PullPlan) -> Path | None:
 
 def pull(plan: PullPlan, models_dir: Path, *, progress: Progress | None = None) -> Path:
     """Download, verify and move into the store; return the model's folder. A rerun after an
-    interruption resumes every partial file."""
+    interruption resumes every partial file. Pulls of one model name at once (two
+    clients, the chat and the API) take turns: the first downloads, the others wait for
+    it and then find the same model in the store (or resume what it left)."""
     done = existing(models_dir, plan)
+    if done is not None:
+        return done
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with _turn(models_dir / f".pull-{plan.name}.lock"):
+        return _pull(plan, models_dir, progress)
+
+
+@contextlib.contextmanager
+def _turn(path: Path) -> Iterator[None]:
+    """Held by one pull of a model name at a time (an flock: a killed pull lets go)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _pull(plan: PullPlan, models_dir: Path, progress: Progress | None) -> Path:
+    done = existing(models_dir, plan)  # another pull of it finished while this one waited
     if done is not None:
         return done
     target = models_dir / plan.name

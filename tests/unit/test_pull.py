@@ -356,3 +356,34 @@ def test_a_hub_listing_a_name_that_leaves_the_model_folder_pulls_nothing(
     assert "nothing was downloaded" in err
     assert store_entries() == []
     assert not any(p.name == ".bashrc" for p in models_dir().parent.rglob(".bashrc"))
+
+
+def test_pulls_of_one_model_at_once_share_one_download(
+    hub: HubServer, starter_ref: ModelRef
+) -> None:
+    """Three pulls of one file at once (three clients): they take turns on the model's
+    lock; the first downloads, the others find the same model in the store (#52: they
+    used to append to one .part file and all fail)."""
+    import threading
+
+    plan = hubmod.plan_pull(f"{GGUF_REPO}:Q8_0")
+    results: list[Path | BaseException] = []
+
+    def one() -> None:
+        try:
+            results.append(hubmod.pull(plan, models_dir()))
+        except BaseException as exc:  # the test reports it
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(results) == 3 and all(isinstance(r, Path) for r in results), results
+    assert len(set(results)) == 1
+    assert filecmp.cmp(
+        models_dir() / "tiny-Q8_0" / "tiny-Q8_0.gguf", starter_ref.path, shallow=False
+    )
+    assert len([g for g in gets(hub, "tiny-Q8_0.gguf") if g == ""]) == 1  # one download
+    assert store_entries() == ["tiny-Q8_0"]
