@@ -167,33 +167,35 @@ def _codex_profile(
     "localllm"` selector and the `[model_providers.localllm]` an earlier launch wrote
     (moved, so that one definition remains)."""
     doc, profile = _toml(main, main_path), _toml(text, path)
-    legacy: dict[str, Any] = {}
-    profiles = doc.get("profiles")
-    if isinstance(profiles, dict) and isinstance(profiles.get("localllm"), dict):
-        legacy = dict(profiles["localllm"])
-        del profiles["localllm"]
-        if not profiles:
-            del doc["profiles"]
     if doc.get("profile") == "localllm":
         del doc["profile"]
-    providers = doc.get("model_providers")
-    old_provider: dict[str, Any] = {}
-    if isinstance(providers, dict) and isinstance(providers.get("localllm"), dict):
-        old_provider = dict(providers["localllm"])
-        del providers["localllm"]
-        if not providers:
-            del doc["model_providers"]
-    for key, value in legacy.items():
-        if key not in profile:
-            profile[key] = value
+    _keep_missing(profile, _take(doc, "profiles"))
     profile["model"] = model
     profile["model_provider"] = "localllm"
     table = _table(profile, path, "model_providers", "localllm")
-    for key, value in old_provider.items():
-        if key not in table:
-            table[key] = value
+    _keep_missing(table, _take(doc, "model_providers"))
     table.update(_provider(base))
     return _dumped(doc), _dumped(profile)
+
+
+def _take(doc: Any, outer: str) -> dict[str, Any]:
+    """doc[outer]["localllm"], removed from doc (and `outer` with it once empty); {} when
+    there is no such table."""
+    section = doc.get(outer)
+    if not (isinstance(section, dict) and isinstance(section.get("localllm"), dict)):
+        return {}
+    taken = dict(section["localllm"])
+    del section["localllm"]
+    if not section:
+        del doc[outer]
+    return taken
+
+
+def _keep_missing(table: Any, values: dict[str, Any]) -> None:
+    """The moved keys a table does not have yet (what it holds already wins)."""
+    for key, value in values.items():
+        if key not in table:
+            table[key] = value
 
 
 def _codex_version() -> tuple[int, ...] | None:

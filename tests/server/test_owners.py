@@ -121,7 +121,7 @@ def test_a_stored_response_is_its_own_keys_alone(team: Team):
     assert team.call("alice", "GET", f"/v1/responses/{rid}").status_code == 404
 
 
-def test_embeddings_are_counted_and_held_against_the_quota(team: Team):
+def test_embeddings_are_counted_in_the_keys_usage(team: Team):
     path = team.srv.log.parent / "data" / "gateway.sqlite3"
     before = _tokens(path, "bob")
     r = team.call("bob", "POST", "/v1/embeddings", {"model": "starter", "input": ["a b c"] * 3})
