@@ -25,7 +25,6 @@ MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or clip as sent (after base64)
 MAX_IMAGE_PIXELS = 40_000_000  # width times height, decoded
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 AUDIO_FORMATS = ("wav", "mp3", "flac")
-_ID_SPACE = 1 << 30  # the first id of a run is -(1 .. 2^30)
 
 
 def decode_base64(text: str, *, param: str) -> bytes:
@@ -217,9 +216,12 @@ def lost_media(text: str) -> None:
 
 
 def run_ids(digest: str, n: int) -> list[int]:
-    """The stand-in ids of a picture's n tokens: -base, -(base+1), ... where base follows
-    from its digest. A run is told apart from the next by its ids not continuing."""
-    base = 1 + int(digest[:15], 16) % _ID_SPACE
+    """The stand-in ids of a picture's n tokens: -base, -(base+1), ... where base is the
+    whole SHA-256 digest as a number (Python's ints have no width, and a stand-in never
+    reaches a backend's int32 token arrays): two pictures share ids only when their
+    digests agree in all 256 bits. A run is told apart from the next by its ids not
+    continuing."""
+    base = 1 + (int(digest, 16) << 16)  # 2^16 ids of room before the next digest's run
     return [-(base + i) for i in range(n)]
 
 

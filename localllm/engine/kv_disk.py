@@ -98,6 +98,7 @@ class Shelf:
     dir: Path
     entries: dict[str, DiskEntry] = field(default_factory=dict)
     writing: set[str] = field(default_factory=set)
+    pending: int = 0  # bytes of states on their way (their .tmp- files count in the budget)
 
     def index(self) -> None:
         try:
@@ -158,12 +159,18 @@ class Shelf:
         for old_key, old in list(self.entries.items()):
             if old_key != key and old.tag == entry.tag and covers(entry, old):
                 self.delete(old_key)
-        total = self.bytes
+        self.make_room(0, budget, keep=key)
+
+    def make_room(self, need: int, budget: int, keep: str = "") -> None:
+        """The least recently used states go until `need` more bytes fit in `budget`
+        beside those stored and those on their way."""
+        total = self.bytes + need
         for old_key, old in sorted(self.entries.items(), key=lambda kv: kv[1].used):
             if total <= budget:
                 break
-            total -= old.size
-            self.delete(old_key)
+            if old_key != keep:
+                total -= old.size
+                self.delete(old_key)
 
     def delete(self, key: str) -> None:
         self.entries.pop(key, None)
@@ -173,7 +180,8 @@ class Shelf:
 
     @property
     def bytes(self) -> int:
-        return sum(e.size for e in self.entries.values())
+        """What the folder holds: its states and those being written."""
+        return sum(e.size for e in self.entries.values()) + self.pending
 
 
 @dataclass(slots=True)
@@ -248,11 +256,13 @@ class DiskWriter:
             "tag": tag,
             "created": time.time(),
         }
+        shelf.make_room(len(data), self.budget)  # the budget holds while it is written too
         path = shelf.dir / f"{key}.kv"
         entry = DiskEntry(
             snap.tokens, path, snap.nbytes, time.time(), snap.canonical, tag, snap.finals, len(data)
         )
         shelf.writing.add(key)
+        shelf.pending += len(data)
         self.waiting += len(data)
         if self._thread is None:
             self._thread = threading.Thread(
@@ -269,6 +279,7 @@ class DiskWriter:
             except queue.Empty:
                 return
             job.shelf.writing.discard(job.key)
+            job.shelf.pending -= job.entry.size
             self.waiting -= job.entry.size
             if job.done:
                 job.shelf.add(job.key, job.entry, self.budget)

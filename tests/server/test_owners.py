@@ -216,8 +216,9 @@ def test_owner_secret_is_made_once_and_shared(tmp_path: Path):
 
 
 class Ownership(RuleBasedStateMachine):
-    """Stored responses under any sequence of puts, reads and deletes by several keys:
-    a key sees exactly the responses it stored and has not deleted."""
+    """Stored responses under any sequence of puts, continuations, reads and deletes by
+    several keys: a key sees exactly the responses it stored and has not deleted, and
+    each one's conversation stays whole whatever was deleted before it."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -225,24 +226,40 @@ class Ownership(RuleBasedStateMachine):
 
         self.dir = tempfile.TemporaryDirectory()
         self.store = ResponseStore(Path(self.dir.name) / "responses.db")
-        self.model: dict[str, str] = {}  # id -> owner
+        self.model: dict[str, str] = {}  # id -> owner, while stored
+        self.chains: dict[str, list[dict]] = {}  # id -> its conversation as put
+        self.made = 0
 
     ids = Bundle("ids")
 
-    @rule(target=ids, owner=st.sampled_from(["alice", "bob", "root", "anonymous"]),
-          n=st.integers(0, 10**6))
-    def put(self, owner: str, n: int) -> str:
-        rid = f"resp_{n}"  # the server's ids are random; a repeat here replaces the row
-        self.store.put({"id": rid}, [{"id": "in"}], [{"id": "c"}], owner)
+    def _put(self, owner: str, previous: str | None) -> str:
+        self.made += 1
+        rid = f"resp_{self.made}"
+        own = [{"id": f"in_{self.made}"}]
+        out = [{"id": f"out_{self.made}"}]
+        self.store.put({"id": rid, "output": out}, own, owner, previous)
         self.model[rid] = owner
+        self.chains[rid] = (self.chains[previous] if previous else []) + own + out
         return rid
+
+    @rule(target=ids, owner=st.sampled_from(["alice", "bob", "root", "anonymous"]))
+    def put(self, owner: str) -> str:
+        return self._put(owner, None)
+
+    @rule(target=ids, rid=ids, who=st.sampled_from(["alice", "bob", "root", "anonymous"]))
+    def continue_(self, rid: str, who: str) -> str:
+        """What the route does: the previous response is looked up as the caller's, and
+        continued only when found."""
+        found = self.store.conversation(rid, who)
+        assert (found is not None) == (self.model.get(rid) == who)
+        return self._put(who, rid if found is not None else None)
 
     @rule(rid=ids, who=st.sampled_from(["alice", "bob", "root", "anonymous"]))
     def read(self, rid: str, who: str) -> None:
         mine = self.model.get(rid) == who
         assert (self.store.body(rid, who) is not None) == mine
         assert (self.store.input_items(rid, who) is not None) == mine
-        assert (self.store.conversation(rid, who) is not None) == mine
+        assert self.store.conversation(rid, who) == (self.chains[rid] if mine else None)
 
     @rule(rid=ids, who=st.sampled_from(["alice", "bob", "root", "anonymous"]))
     def delete(self, rid: str, who: str) -> None:
@@ -252,8 +269,9 @@ class Ownership(RuleBasedStateMachine):
             del self.model[rid]
 
     @invariant()
-    def nothing_else_seen(self) -> None:
+    def nothing_else_seen_and_every_chain_whole(self) -> None:
         for rid, owner in self.model.items():
+            assert self.store.conversation(rid, owner) == self.chains[rid]
             for other in ("alice", "bob", "root", "anonymous"):
                 if other != owner:
                     assert self.store.body(rid, other) is None
@@ -263,7 +281,7 @@ class Ownership(RuleBasedStateMachine):
         self.dir.cleanup()
 
 
-Ownership.TestCase.settings = hsettings(max_examples=40, stateful_step_count=20, deadline=None)
+Ownership.TestCase.settings = hsettings(max_examples=40, stateful_step_count=30, deadline=None)
 test_stored_responses_belong_to_their_key = Ownership.TestCase
 
 
@@ -327,3 +345,59 @@ def test_a_malformed_responses_tool_is_a_400_naming_tools(team: Team, tools: lis
     r = _response(team, "alice", tools=tools)
     assert r.status_code == 400, (r.status_code, r.text[:300])
     assert r.json()["error"]["param"] is not None and "tools" in r.json()["error"]["param"]
+
+
+def test_a_long_conversation_is_stored_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Round 4: six continuations carrying a 7 MB item made responses.db 250 MB (each row
+    copied the chain before it). Each row holds its own items now: seven turns after a
+    1 MB item store about 1 MB, and the oldest going (or being deleted) keeps the rest
+    whole."""
+    store = ResponseStore(tmp_path / "responses.db")
+    big = {"type": "reasoning", "encrypted_content": "x" * 1_000_000}
+    previous = None
+    for turn in range(7):
+        rid = f"resp_{turn}"
+        store.put({"id": rid, "output": [{"t": turn}]}, [big] if turn == 0 else [], "a", previous)
+        previous = rid
+    with store._lock:
+        stored = store._db.execute(
+            "SELECT sum(length(body) + length(input_items) + length(conversation) "
+            "+ length(before)) FROM responses"
+        ).fetchone()[0]
+    assert 1_000_000 < stored < 1_100_000
+    whole = [big] + [{"t": t} for t in range(7)]
+    assert store.conversation("resp_6", "a") == whole
+    assert store.delete("resp_0", "a") and store.delete("resp_3", "a")
+    assert store.conversation("resp_6", "a") == whole
+    monkeypatch.setattr("localllm.server.responses.store.MAX_RESPONSES", 2)
+    store.put({"id": "resp_7", "output": [{"t": 7}]}, [], "a", "resp_6")  # the oldest go
+    assert store.body("resp_1", "a") is None and store.body("resp_6", "a") is not None
+    assert store.conversation("resp_7", "a") == [*whole, {"t": 7}]
+    store.close()
+
+
+def test_rows_from_before_the_chain_are_read_and_continued(tmp_path: Path):
+    """A store written by the previous version (the whole conversation in each row) is
+    read as it is, and a continuation of one of its rows adds only its own items."""
+    import sqlite3
+
+    path = tmp_path / "responses.db"
+    db = sqlite3.connect(path)
+    db.execute(
+        "CREATE TABLE responses (id TEXT PRIMARY KEY, created REAL NOT NULL, body TEXT NOT "
+        "NULL, input_items TEXT NOT NULL, conversation TEXT NOT NULL, owner TEXT NOT NULL "
+        "DEFAULT 'anonymous')"
+    )
+    db.execute(
+        "INSERT INTO responses VALUES ('resp_old', 1.0, ?, '[]', ?, 'a')",
+        ('{"id": "resp_old", "output": [{"o": 2}]}', '[{"i": 1}, {"o": 2}]'),
+    )
+    db.commit()
+    db.close()
+    store = ResponseStore(path)
+    assert store.conversation("resp_old", "a") == [{"i": 1}, {"o": 2}]
+    store.put({"id": "resp_new", "output": [{"o": 4}]}, [{"i": 3}], "a", "resp_old")
+    assert store.conversation("resp_new", "a") == [{"i": 1}, {"o": 2}, {"i": 3}, {"o": 4}]
+    assert store.delete("resp_old", "a")
+    assert store.conversation("resp_new", "a") == [{"i": 1}, {"o": 2}, {"i": 3}, {"o": 4}]
+    store.close()

@@ -117,3 +117,34 @@ def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_pat
         os.close(fd)
     Shelf(tmp_path).index()  # its writer gone too
     assert not live.exists()
+
+
+def test_states_on_their_way_to_disk_count_in_its_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Round 4: temporary files were outside `prompt_cache_disk_mb`. A state being
+    written now counts: the oldest states go before it starts, so the folder, its
+    .tmp- files included, never holds more than the budget, and /health's disk bytes
+    say so while it is written."""
+    gate, writing = threading.Event(), threading.Event()
+    real = kv_disk._write_files
+
+    def held(job: Any, settle: Any) -> bool:
+        writing.set()
+        gate.wait(30)
+        return real(job, settle)
+
+    writer, shelf = kv_disk.DiskWriter(budget=250), kv_disk.Shelf(tmp_path / "model")
+    for i, key in enumerate(("a", "b")):
+        writer.write(shelf, Bytes(), key, state(100, 1000 * i), "")  # type: ignore[arg-type]
+        writer.flush()
+    assert set(shelf.entries) == {"a", "b"} and shelf.bytes == 200
+    monkeypatch.setattr(kv_disk, "_write_files", held)
+    writer.write(shelf, Bytes(), "c", state(100, 5000), "")  # type: ignore[arg-type]
+    assert writing.wait(30)
+    on_disk = sum(p.stat().st_size for p in shelf.dir.iterdir() if p.suffix == ".kv")
+    assert set(shelf.entries) == {"b"} and shelf.bytes == 200  # "a" made room first
+    assert on_disk + 100 <= 250
+    gate.set()
+    writer.flush()
+    assert set(shelf.entries) == {"b", "c"} and shelf.bytes == 200 and shelf.pending == 0

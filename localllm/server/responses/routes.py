@@ -41,7 +41,7 @@ from localllm.server.responses.schemas import (
     image_urls,
     messages_of,
 )
-from localllm.server.responses.store import ResponseStore
+from localllm.server.responses.store import BrokenChain, ResponseStore
 from localllm.server.serving import (
     admin_of,
     collect,
@@ -97,9 +97,13 @@ async def _conversation(request: Request, body: ResponsesBody) -> tuple[list[Ite
     """The items before this request (the stored chain) and this request's own."""
     earlier: list[Item] = []
     if body.previous_response_id is not None:
-        found = await asyncio.to_thread(
-            store_of(request).conversation, body.previous_response_id, owner_of(request)
-        )
+        try:
+            found = await asyncio.to_thread(
+                store_of(request).conversation, body.previous_response_id, owner_of(request)
+            )
+        except BrokenChain as exc:
+            log.warning("%s", exc)
+            found = None
         if found is None:
             raise ResponseNotFound(body.previous_response_id, "previous_response_id")
         earlier = _ITEMS.validate_python(found)
@@ -173,9 +177,8 @@ async def create(body: CreateBody, request: Request) -> JSONResponse | Streaming
         with a `store_warning` saying so (a streamed one's last event is sent already,
         so it is logged)."""
         if body.store:
-            chain = dumped(earlier) + own + response["output"]
             try:
-                store_of(request).put(response, own, chain, owner)
+                store_of(request).put(response, own, owner, body.previous_response_id)
             except sqlite3.Error as exc:
                 log.warning("response %s not stored: %s", response.get("id"), exc)
                 response["store_warning"] = f"not stored ({exc}): it cannot be continued"
