@@ -201,6 +201,22 @@ class ReaderStalled(LocalLLMError):
         )
 
 
+class BadModelOutput(LocalLLMError):
+    """A model computed numbers that are not numbers (NaN or infinity: a damaged file or
+    a head that overflows): a 502 naming the model and the input, never a 500 or a JSON
+    body no client can parse."""
+
+    status = 502
+    code = "non_finite_output"
+
+    def __init__(self, model: str, what: str, index: int) -> None:
+        super().__init__(
+            f"{model} computed a value that is not a finite number (NaN or infinity) for "
+            f"{what} input {index}: the model file may be damaged, or its head overflows "
+            "on this input"
+        )
+
+
 class ClientLeft(LocalLLMError):
     """The client went away before its answer was done: the rest was not computed (the
     status is nginx's 499, for the access log; nobody is left to read it)."""

@@ -47,7 +47,12 @@ def copy_with_metadata(
 
 
 def tiny_bert(
-    dst: Path, *, pooling: int = 2, seed: int = 0, head: tuple[float, float] | None = None
+    dst: Path,
+    *,
+    pooling: int = 2,
+    seed: int = 0,
+    head: tuple[float, float] | None = None,
+    poison: float | None = None,
 ) -> Path:
     """A two-layer BERT embedding model (32 wide) with random weights and a small
     WordPiece vocabulary, pooling CLS (2) by default: what llama.cpp needs to run the
@@ -55,7 +60,9 @@ def tiny_bert(
 
     With `head` (scale, bias): a reranker (rank pooling, 4) with a classification head,
     a dense layer then one output whose weights are random times `scale` plus `bias`
-    (scale 0: every pair scores exactly `bias`)."""
+    (scale 0: every pair scores exactly `bias`). With `poison` (NaN or infinity): the
+    input norm's bias is that value, so every vector and score is not a finite number,
+    as a damaged file's are."""
     if head is not None:
         pooling = 4
     import numpy as np
@@ -102,7 +109,10 @@ def tiny_bert(
     t("token_types.weight", 2, n_embd)
     t("position_embd.weight", n_ctx, n_embd)
     ones("token_embd_norm.weight", n_embd)
-    t("token_embd_norm.bias", n_embd, scale=0.0)
+    if poison is None:
+        t("token_embd_norm.bias", n_embd, scale=0.0)
+    else:
+        w.add_tensor("token_embd_norm.bias", np.full(n_embd, poison, dtype=np.float32))
     for i in range(n_layer):
         for part in ("attn_q", "attn_k", "attn_v", "attn_output"):
             t(f"blk.{i}.{part}.weight", n_embd, n_embd)

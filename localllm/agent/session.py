@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from localllm import jsontext
 from localllm.agent.tool import Preview, Tool
 from localllm.agent.workspace import ToolRefused
 from localllm.backends.base import ToolCall
@@ -100,7 +101,7 @@ class AgentSession:
 def call_line(name: str, arguments: str, limit: int = 80) -> str:
     """'read_file(path="a.py")': a call in one short line, for titles and lists."""
     try:
-        args = json.loads(arguments or "{}")
+        args = jsontext.loads(arguments or "{}")
         inner = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
     except (json.JSONDecodeError, AttributeError):
         inner = arguments

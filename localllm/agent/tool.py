@@ -11,6 +11,7 @@ from typing import Any
 
 import jsonschema
 
+from localllm import jsontext
 from localllm.agent.workspace import ToolRefused
 
 RESULT_LIMIT = 16_000  # characters of a result the model gets back
@@ -45,7 +46,7 @@ class Tool(ABC):
         """The call's arguments parsed and held to the schema; ToolRefused otherwise (the
         model is told why and nothing runs)."""
         try:
-            args = json.loads(arguments or "{}")
+            args = jsontext.loads(arguments or "{}")
         except json.JSONDecodeError as exc:
             raise ToolRefused(f"the arguments are not JSON ({exc.msg} at {exc.pos})") from None
         if not isinstance(args, dict):

@@ -23,6 +23,7 @@ from typing import Any
 
 import httpx
 
+from localllm import jsontext
 from localllm.config import Remote
 from localllm.errors import RemoteRejected, RemoteUnavailable
 
@@ -233,7 +234,7 @@ class Upstream:
                 if reply.status_code >= 400:
                     text = (await reply.aread()).decode("utf-8", "replace")
                     raise RemoteRejected(self.name, reply.status_code, _message(text))
-                async for event in _events(reply):
+                async for event in _events(reply, self.name):
                     if event.get("error"):  # an error reported inside the stream
                         raise RemoteRejected(self.name, 502, _message(json.dumps(event)))
                     yield event
@@ -269,7 +270,7 @@ class Upstream:
                 raw += piece
                 if len(raw) > MAX_SMALL_BYTES:
                     return None
-        return json.loads(raw)
+        return jsontext.loads(raw)
 
     def root(self) -> str:
         """The server's root: the base URL without its /v1 (where /tokenize lives)."""
@@ -307,7 +308,7 @@ def _message(text: str) -> str:
     """The error message in an engine's JSON error body (OpenAI's shape, or FastAPI's
     detail), else the body's start."""
     try:
-        data = json.loads(text)
+        data = jsontext.loads(text)
     except ValueError:
         return text.strip()[:500] or "(no message)"
     if isinstance(data, dict):
@@ -323,15 +324,30 @@ def _message(text: str) -> str:
     return text.strip()[:500]
 
 
-async def _events(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON of each `data:` line of a server-sent event stream, until [DONE].
+MAX_LINE_BYTES = 16 * 1024 * 1024  # one event line; an answer's text is cut at 8 MiB
+
+
+async def _events(reply: httpx.Response, engine: str) -> AsyncIterator[dict[str, Any]]:
+    """The JSON of each `data:` line of a server-sent event stream, until [DONE]; a line
+    longer than MAX_LINE_BYTES (an engine that never sends a newline) is a 502.
 
     Lines are split from the raw bytes here: httpx's text-line iterator decodes and
     re-splits every piece and cost about a third of the proxy's time per token."""
-    pending = b""
+    pending = bytearray()
     async for piece in reply.aiter_bytes():
+        searched = len(pending)
         pending += piece
-        *lines, pending = pending.split(b"\n")
+        if pending.find(b"\n", searched) < 0:
+            if len(pending) > MAX_LINE_BYTES:
+                raise RemoteRejected(
+                    engine,
+                    502,
+                    f"it sent {len(pending):,} bytes without a newline "
+                    f"(an event line is at most {MAX_LINE_BYTES:,})",
+                )
+            continue
+        *lines, rest = pending.split(b"\n")
+        pending = bytearray(rest)
         for line in lines:
             if not line.startswith(b"data:"):
                 continue
@@ -339,9 +355,9 @@ async def _events(reply: httpx.Response) -> AsyncIterator[dict[str, Any]]:
             if data == b"[DONE]":
                 return
             try:
-                event = json.loads(data)
+                event = jsontext.loads(data)
             except ValueError:
-                log.info("a remote event that is not JSON was skipped: %.200r", data)
+                log.info("a remote event that is not JSON was skipped: %.200r", bytes(data))
                 continue
             if isinstance(event, dict):
                 yield event

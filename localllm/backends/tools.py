@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from localllm import jsontext
 from localllm.backends.base import Message, ToolCall
 
 ToolFormat = Literal["hermes", "llama3", "mistral", "generic"]
@@ -147,7 +148,7 @@ def template_message(m: Message) -> dict[str, Any]:
 
 def _loads(arguments: str) -> Any:
     try:
-        return json.loads(arguments)
+        return jsontext.loads(arguments)
     except ValueError:
         return arguments
 
@@ -287,7 +288,6 @@ def _as_calls(items: Any, names: set[str], key: str = "arguments") -> list[ToolC
 
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-_DECODER = json.JSONDecoder()
 
 
 def _hermes_calls(text: str, known: set[str]) -> tuple[list[ToolCall], bool]:
@@ -296,7 +296,7 @@ def _hermes_calls(text: str, known: set[str]) -> tuple[list[ToolCall], bool]:
     calls: list[ToolCall] = []
     for block in _HERMES.findall(text):
         try:
-            found = _as_calls(json.loads(block), known)
+            found = _as_calls(jsontext.loads(block), known)
         except ValueError:
             found = None
         if not found:
@@ -326,7 +326,7 @@ def _bare_calls(text: str, known: set[str], whole: bool = True) -> tuple[int, li
     i = head.start(1)
     while (i := _skip_gap(text, i)) < len(text):
         try:
-            value, i = _DECODER.raw_decode(text, i)
+            value, i = jsontext.raw_decode(text, i)
         except ValueError:
             if whole:
                 return len(text), []
@@ -386,7 +386,7 @@ def _complete_items(text: str) -> list[Any]:
         while i < len(text) and text[i] in " \n\t\r,":
             i += 1
         try:
-            value, i = _DECODER.raw_decode(text, i)
+            value, i = jsontext.raw_decode(text, i)
         except ValueError:
             return items
         items.append(value)
@@ -418,7 +418,7 @@ def parse(fmt: ToolFormat, text: str, names: Sequence[str]) -> Parsed:
     known = set(names)
     if fmt == "generic":
         try:
-            reply = json.loads(text)
+            reply = jsontext.loads(text)
         except ValueError:
             return Parsed(text)
         if isinstance(reply, dict) and "tool_calls" in reply:
@@ -444,14 +444,14 @@ def parse(fmt: ToolFormat, text: str, names: Sequence[str]) -> Parsed:
         body = stripped.removeprefix("<|python_tag|>").strip()
         key = "parameters"
     try:
-        found = _as_calls(json.loads(body), known, key)
+        found = _as_calls(jsontext.loads(body), known, key)
     except ValueError:
         # Llama 3 may write several calls separated by ";"
         found = None
         if fmt == "llama3" and ";" in body:
             parts = [p for p in body.split(";") if p.strip()]
             try:
-                found = _as_calls([json.loads(p) for p in parts], known, key)
+                found = _as_calls([jsontext.loads(p) for p in parts], known, key)
             except ValueError:
                 found = None
     return Parsed("", found) if found else Parsed(text)

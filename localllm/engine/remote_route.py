@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+from localllm import jsontext
 from localllm.backends.base import Chunk, GenerationStats, ToolCall
 from localllm.backends.remote import RemoteModel, Upstream
 from localllm.backends.tools import new_call_id
@@ -79,43 +80,97 @@ class Remotes:
         return [u.status() for u in self.upstreams.values()]
 
 
+EVENT_COST = 64  # characters an event counts for beside its text: empty deltas are bounded
+MAX_CALLS = 128  # tool calls in one answer
+
+
+def _shape(engine: str, ok: bool, field: str, value: Any) -> None:
+    """RemoteRejected (a 502 naming the field) for an event the engine got wrong."""
+    if not ok:
+        raise RemoteRejected(engine, 502, f"it sent {field} = {json.dumps(value)[:80]}")
+
+
+def _count(engine: str, usage: dict[str, Any], field: str) -> int | None:
+    """A usage count: absent, or a whole number of at least 0 (a 502 naming it else)."""
+    value = usage.get(field)
+    if value is None:
+        return None
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    _shape(engine, ok, f"usage.{field}", value)
+    return int(value)
+
+
 class _Reply:
     """What the engine's events add up to: the text, the reasoning, the calls, the usage.
     An engine that parses reasoning (vLLM's and SGLang's reasoning parsers) and tool calls
-    sends them apart from the text; they stay apart (engine/output.py passes them on)."""
+    sends them apart from the text; they stay apart (engine/output.py passes them on).
+    An event of the wrong shape (a choice that is not an object, an index or a count that
+    is not a whole number of at least 0) is a 502 naming the field."""
 
-    def __init__(self) -> None:
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
         self.calls: dict[int, dict[str, str]] = {}
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
         self.pieces = 0  # content deltas: one token each on vLLM, SGLang and llama-server
         self.first: float | None = None
+        self.size = 0  # characters taken: text, reasoning, calls, EVENT_COST an event
 
     def delta_of(self, event: dict[str, Any]) -> tuple[str, str]:
         """The event's new (text, reasoning); calls and usage are noted."""
-        if isinstance(event.get("usage"), dict):
-            self.usage = event["usage"]
+        if event.get("usage") is not None:
+            self._usage(event["usage"])
+        choices = event.get("choices") or []
+        _shape(self.engine, isinstance(choices, list), "choices", choices)
         text = thought = ""
-        for choice in event.get("choices") or []:
+        self.size += EVENT_COST
+        for choice in choices:
+            _shape(self.engine, isinstance(choice, dict), "choices[]", choice)
+            index = choice.get("index", 0)  # one answer is asked for (n = 1)
+            _shape(self.engine, index == 0 and index is not False, "choices[].index", index)
             if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
+                self.finish = str(choice["finish_reason"])
             delta = choice.get("delta") or {}
+            _shape(self.engine, isinstance(delta, dict), "choices[].delta", delta)
             piece = delta.get("content") if "delta" in choice else choice.get("text")
-            thought += delta.get("reasoning_content") or delta.get("reasoning") or ""
+            thought += _text(self.engine, delta, "reasoning_content") or _text(
+                self.engine, delta, "reasoning"
+            )
+            _shape(self.engine, isinstance(piece, (str, type(None))), "content", piece)
             text += piece or ""
-            for call in delta.get("tool_calls") or []:
-                into = self.calls.setdefault(
-                    int(call.get("index", 0)), {"id": "", "name": "", "args": ""}
-                )
-                into["id"] = into["id"] or call.get("id") or ""
-                function = call.get("function") or {}
-                into["name"] += function.get("name") or ""
-                into["args"] += function.get("arguments") or ""
+            calls = delta.get("tool_calls") or []
+            _shape(self.engine, isinstance(calls, list), "delta.tool_calls", calls)
+            for call in calls:
+                self._call(call)
         if text or thought:
             self.pieces += 1
             if self.first is None:
                 self.first = time.monotonic()
+        self.size += len(text) + len(thought)
         return text, thought
+
+    def _usage(self, usage: Any) -> None:
+        _shape(self.engine, isinstance(usage, dict), "usage", usage)
+        for field in ("prompt_tokens", "completion_tokens"):
+            _count(self.engine, usage, field)
+        details = usage.get("prompt_tokens_details") or {}
+        _shape(self.engine, isinstance(details, dict), "usage.prompt_tokens_details", details)
+        _count(self.engine, details, "cached_tokens")
+        self.usage = usage
+
+    def _call(self, call: Any) -> None:
+        _shape(self.engine, isinstance(call, dict), "delta.tool_calls[]", call)
+        index = call.get("index", 0)
+        ok = isinstance(index, int) and not isinstance(index, bool) and 0 <= index < MAX_CALLS
+        _shape(self.engine, ok, "delta.tool_calls[].index", index)
+        into = self.calls.setdefault(index, {"id": "", "name": "", "args": ""})
+        into["id"] = into["id"] or _text(self.engine, call, "id")
+        function = call.get("function") or {}
+        _shape(self.engine, isinstance(function, dict), "delta.tool_calls[].function", function)
+        name, args = _text(self.engine, function, "name"), _text(self.engine, function, "arguments")
+        into["name"] += name
+        into["args"] += args
+        self.size += len(name) + len(args)
 
     def tool_calls(self, engine: str) -> tuple[ToolCall, ...]:
         """The calls the engine made, whole; RemoteRejected for one whose arguments are
@@ -124,7 +179,7 @@ class _Reply:
         for _, call in sorted(self.calls.items()):
             args = call["args"] or "{}"
             try:
-                parsed = json.loads(args)
+                parsed = jsontext.loads(args)
             except ValueError:
                 parsed = None
             if not isinstance(parsed, dict):
@@ -137,6 +192,13 @@ class _Reply:
             arguments = json.dumps(parsed, ensure_ascii=False)
             out.append(ToolCall(call["id"] or new_call_id(), call["name"], arguments))
         return tuple(out)
+
+
+def _text(engine: str, where: dict[str, Any], field: str) -> str:
+    """A text field of an event: absent or a string (a 502 naming it else)."""
+    value = where.get(field)
+    _shape(engine, isinstance(value, (str, type(None))), field, value)
+    return value or ""
 
 
 COUNT_ROUTES = ("/tokenize", "/extras/tokenize/count")
@@ -161,7 +223,10 @@ async def _prompt_count(up: Upstream, model_id: str, body: dict[str, Any]) -> in
             continue
         up.count_route = route
         count = data.get("count")
-        return int(count) if isinstance(count, int) else len(data.get("tokens") or [])
+        if isinstance(count, int) and count >= 0:
+            return count
+        tokens = data.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else 0
     up.count_route = ""
     return 0
 
@@ -194,10 +259,10 @@ async def _answer(
     name = request.model or f"{up.name}/{model_id}"
     begun = time.monotonic()
     path, body = body_of(request, model_id)
-    reply = _Reply()
+    reply = _Reply(up.name)
     started = False
     events = up.stream(path, body)
-    limit, size = request.params.max_tokens, 0
+    limit = request.params.max_tokens
     try:
         async for event in events:
             text, thought = reply.delta_of(event)
@@ -211,8 +276,7 @@ async def _answer(
                 started = True
             if text or thought:
                 feed(Chunk(text, (), reasoning=thought))
-            size += len(text) + len(thought)
-            if size > MAX_REMOTE_CHARS or time.monotonic() - begun > MAX_REMOTE_S:
+            if reply.size > MAX_REMOTE_CHARS or time.monotonic() - begun > MAX_REMOTE_S:
                 reply.finish = reply.finish or "length"
                 break
     except RemoteUnavailable as exc:
@@ -240,7 +304,8 @@ async def _answer(
         # ends a stream when another request arrives
         prompt = await _prompt_count(up, model_id, body)
     fed = reply.pieces if limit is None else min(reply.pieces, limit)
-    generated = usage.get("completion_tokens", fed)
+    generated = usage.get("completion_tokens")
+    generated = fed if generated is None else generated
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     ended = time.monotonic()
     first = reply.first or ended

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,7 +19,7 @@ from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
 from localllm.engine.request import Started
 from localllm.engine.stream import ChunkStream
-from localllm.errors import ClientLeft
+from localllm.errors import BadModelOutput, ClientLeft
 from localllm.server import framing
 
 log = logging.getLogger(__name__)
@@ -237,8 +238,7 @@ async def in_pieces(
         # held against the key's tokens for the day: each piece counted before it is read
         limited = accounting is not None and accounting.limited(client)
         while done < len(items):
-            chars = EMBED_PIECE_BUSY if _busy(engine) else EMBED_PIECE_IDLE
-            piece = _piece(items, done, chars, size)
+            piece = _piece(items, done, EMBED_PIECE, size)
             began = time.monotonic()
 
             def call(
@@ -248,6 +248,7 @@ async def in_pieces(
                     ahead = sum(count(loaded, item) for item in piece)
                     accounting.check_tokens(client, read + ahead, what)
                 got, n = work(loaded, piece, first)
+                _finite(got, loaded.info.id, what, first)
                 return got, n, loaded.info.id
 
             got, n, name = await asyncio.to_thread(
@@ -272,13 +273,13 @@ async def in_pieces(
     return results, tokens, name
 
 
-# characters of input per piece of embedding work (an input is never split): while other
-# requests run, about a prompt chunk of tokens, and then as long again left to them (_share);
-# when nothing else does, about five hundred tokens, which is what a request that comes
-# meanwhile waits at most (larger pieces were no faster: 64 inputs of 1 KB on the starter
-# took 157 s in one call and 118-125 s in pieces of 1 to 8)
-EMBED_PIECE_BUSY = 512
-EMBED_PIECE_IDLE = 2048
+# characters of input per piece of embedding work (an input is never split): about a
+# prompt chunk of tokens, and while other requests run as long again is left to them
+# (_share). It is also what a request that comes meanwhile waits at most, so it is the same
+# when nothing else runs (2,048 there kept a request 20 s behind a job on a loaded machine;
+# and larger pieces were no faster: 64 inputs of 1 KB on the starter took 157 s in one call
+# and 118-125 s in pieces of 1 to 8)
+EMBED_PIECE = 512
 EMBED_YIELD_MAX_S = 5.0
 EMBED_YIELD_LOOK_S = 0.02
 
@@ -296,6 +297,19 @@ async def _share(engine: EngineClient, spent: float) -> None:
     deadline = time.monotonic() + min(spent, EMBED_YIELD_MAX_S)
     while _busy(engine) and time.monotonic() < deadline:
         await asyncio.sleep(EMBED_YIELD_LOOK_S)
+
+
+def _finite(results: list[Any], model: str, what: str, first: int) -> None:
+    """BadModelOutput when a score or a vector holds NaN or infinity (JSON has neither)."""
+
+    def finite(value: Any) -> bool:  # a score, a vector, or a vector per token
+        if isinstance(value, (list, tuple)):
+            return all(finite(v) for v in value)
+        return math.isfinite(value)
+
+    for i, value in enumerate(results):
+        if not finite(value):
+            raise BadModelOutput(model, what, first + i)
 
 
 def _chars(item: str | list[int]) -> int:

@@ -96,6 +96,61 @@ class Endless(BaseHTTPRequestHandler):
             return
 
 
+class Malformed(BaseHTTPRequestHandler):
+    """An engine whose streams are wrong in the way its model's name says (round 4 of
+    the security review): counts that are not counts, an index that is not a number,
+    and streams without end that carry no text."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        rows = [{"id": name} for name in MALFORMED]
+        data = json.dumps({"object": "list", "data": rows}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        if not self.path.endswith("/chat/completions"):  # no /tokenize: nothing counted
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        try:
+            self.wfile.write(MALFORMED[body["model"]]())
+            self.wfile.write(b"data: [DONE]\n\n")
+        except OSError:  # localllm closed the request
+            return
+
+
+def _events(*events: dict, finish: dict | None = None) -> bytes:
+    done = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    return b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in [*events, finish or done])
+
+
+_HI = {"choices": [{"index": 0, "delta": {"content": "hi"}}]}
+MALFORMED = {
+    "lots": lambda: _events(_HI, {"choices": [], "usage": {"prompt_tokens": "lots"}}),
+    "negative": lambda: _events(
+        _HI, {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": -5}}),
+    "index-x": lambda: _events({"choices": [{"index": "x", "delta": {"content": "hi"}}]}),
+    "call-x": lambda: _events({"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": "x", "function": {"name": "f", "arguments": "{}"}}]}}]}),
+    # 20 MB of events with no text, of bytes with no newline, of one call's arguments
+    "empty": lambda: b"".join([b'data: {"choices": [{"index": 0, "delta": {}}]}\n\n'] * 400_000),
+    "noline": lambda: b"data: " + b"x" * 20_000_000,
+    "args": lambda: _events(*[{"choices": [{"index": 0, "delta": {"tool_calls": [
+        {"index": 0, "function": {"arguments": "[" * 10_000}}]}}]}] * 2_000),
+}
+
+
 @pytest.fixture(scope="module")
 @loads_model
 def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
@@ -110,6 +165,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
     threading.Thread(target=scripted.serve_forever, daemon=True).start()
     endless = ThreadingHTTPServer(("127.0.0.1", 0), Endless)
     threading.Thread(target=endless.serve_forever, daemon=True).start()
+    malformed = ThreadingHTTPServer(("127.0.0.1", 0), Malformed)
+    threading.Thread(target=malformed.serve_forever, daemon=True).start()
     closed = free_port()
     doomed = free_port()  # an engine started (and killed) by a test
     remotes = [
@@ -122,6 +179,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
          "fallback": "starter", "connect_timeout_s": 1},
         {"name": "endless", "url": f"http://127.0.0.1:{endless.server_address[1]}/v1",
          "models": ["chatty"]},
+        {"name": "odd", "url": f"http://127.0.0.1:{malformed.server_address[1]}/v1",
+         "models": list(MALFORMED)},
         {"name": "dead", "url": f"http://127.0.0.1:{closed}/v1", "models": ["big"],
          "failures_to_trip": 2, "down_for_s": 600, "connect_timeout_s": 1},
     ]
@@ -138,6 +197,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory, starter_ref: ModelRef,
     front.stop()
     scripted.shutdown()
     endless.shutdown()
+    malformed.shutdown()
     upstream.stop()
 
 
@@ -285,6 +345,35 @@ def test_an_engine_that_ignores_max_tokens_is_cut_there(engines: dict):
         text = "".join(line for line in reply.iter_lines())
     assert text.count(" more") == 40 and '"finish_reason":"length"' in text
     assert text.endswith("data: [DONE]")
+
+
+@pytest.mark.parametrize(("model", "says"), [
+    ("lots", "usage.prompt_tokens = \"lots\""),
+    ("negative", "usage.completion_tokens = -5"),
+    ("index-x", "choices[].index = \"x\""),
+    ("call-x", "delta.tool_calls[].index = \"x\""),
+    ("noline", "bytes without a newline"),
+    ("args", "whose arguments are not a JSON object"),
+])
+def test_an_engines_malformed_stream_is_a_502_naming_the_field(engines: dict, model: str,
+                                                               says: str):
+    """Round 4: usage "lots" or an index "x" was a 500, negative counts went into usage
+    and quotas, and a line without a newline or a call's arguments without end were
+    read without bound. Each is a 502 now, naming what the engine got wrong."""
+    body = {"model": f"odd/{model}", "messages": ASK}
+    r = httpx.post(engines["front"].base + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 502, r.text
+    assert says in r.json()["error"]["message"] and "'odd'" in r.json()["error"]["message"]
+
+
+def test_an_engine_that_sends_only_empty_events_is_cut(engines: dict):
+    """Events with no text count too (64 characters each against the answer's 8 MiB):
+    400,000 empty deltas end as a cut answer, not a read without end."""
+    body = {"model": "odd/empty", "messages": ASK}
+    r = httpx.post(engines["front"].base + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] == ""
 
 
 def test_disconnect_closes_the_upstream_request(engines: dict):

@@ -11,6 +11,7 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -85,6 +86,8 @@ def test_the_score_is_the_heads_output(tmp_path: Path):
     store.mkdir(parents=True)
     tiny_bert(store / "flat-reranker.gguf", head=(0.0, FLAT_SCORE), seed=4)
     tiny_bert(store / "tiny-reranker.gguf", head=(1.0, 0.1), seed=3)
+    tiny_bert(store / "nan-reranker.gguf", head=(1.0, 0.1), poison=math.nan)
+    tiny_bert(store / "inf-embedder.gguf", poison=math.inf)
     srv = ServerProcess(tmp_path)
     try:
         body = {"model": "flat-reranker", "query": "the cat", "documents": DOCS[:3]}
@@ -100,7 +103,21 @@ def test_the_score_is_the_heads_output(tmp_path: Path):
         unnamed = httpx.post(srv.base + "/rerank", timeout=60,
                              json={"query": "the cat", "texts": DOCS[:2]})
         assert unnamed.status_code == 400
-        assert "(flat-reranker, tiny-reranker)" in unnamed.json()["error"]["message"]
+        assert "(flat-reranker, nan-reranker, tiny-reranker)" in unnamed.json()["error"]["message"]
+        # round 4: a head that yields NaN or infinity was a 500 (JSON has neither); now a
+        # 502 naming the model and the input
+        bodies: list[tuple[str, dict[str, Any]]] = [
+            ("/v1/rerank", {"model": "nan-reranker", "query": "the cat", "documents": DOCS}),
+            ("/rerank", {"model": "nan-reranker", "query": "the cat", "texts": DOCS}),
+            ("/v1/embeddings", {"model": "inf-embedder", "input": ["a cat", "the dog"]}),
+            ("/api/embed", {"model": "inf-embedder", "input": "a cat"}),
+        ]
+        for path, body in bodies:
+            bad = httpx.post(srv.base + path, json=body, timeout=60)
+            assert bad.status_code == 502, (path, bad.text)
+            error = bad.json()["error"]
+            message = error if isinstance(error, str) else error["message"]
+            assert str(body["model"]) in message and "input 0" in message and "finite" in message
     finally:
         srv.stop()
 

@@ -77,7 +77,7 @@ def vllm_events() -> list[dict[str, Any]]:
 
 
 def test_a_remote_engines_structured_reply_passes_through():
-    reply = _Reply()
+    reply = _Reply("vllm")
     out = OutputProcessor(Started("gpu/qwen", 0, backend="remote"))
     parts = []
     for event in vllm_events():
@@ -98,7 +98,7 @@ def test_a_remote_engines_structured_reply_passes_through():
 
 
 def test_a_remote_call_whose_arguments_do_not_parse_is_refused_not_altered():
-    reply = _Reply()
+    reply = _Reply("vllm")
     reply.delta_of({"choices": [{"index": 0, "delta": {"tool_calls": [
         {"index": 0, "function": {"name": "f", "arguments": "{not json"}}]}}]})
     with pytest.raises(RemoteRejected, match="not a JSON object"):

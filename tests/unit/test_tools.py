@@ -65,6 +65,27 @@ def test_each_family_is_read():
     assert len({c.id for c in hermes.calls}) == 2
 
 
+@pytest.mark.parametrize("fmt", ["hermes", "llama3", "mistral", "generic"])
+def test_a_reply_nested_past_pythons_stack_stays_text(fmt: tools.ToolFormat):
+    """json.loads raises RecursionError, not ValueError, for 100,000 brackets: a model (or
+    a remote engine) writing them in a call was a 500. It is text that is not a call."""
+    deep = "[" * 100_000
+    for text in (
+        f'<tool_call>{{"name": "get_time", "arguments": {deep}</tool_call>',
+        f'{{"name": "get_time", "parameters": {deep}}}',
+        f"[TOOL_CALLS]{deep}",
+        f'{{"tool_calls": {deep}}}',
+        deep,
+    ):
+        parsed = tools.parse(fmt, text, ["get_time"])
+        assert parsed.calls == [] and parsed.content
+        tools.cut_calls(fmt, text, ["get_time"])  # a reply cut short: no call, no crash
+    for cut in (False, True):
+        reader = ReplyReader(fmt, ["get_time"])
+        reader.feed('<tool_call>{"name": "get_time", "arguments": ' + deep)
+        assert not reader.close(cut=cut).calls
+
+
 def test_streamed_reply_passes_content_and_holds_calls():
     reader = ReplyReader("hermes", ["get_weather"])
     out = [reader.feed(p) for p in ["Sure", ", one moment.", "\n<tool", "_call>\n{\"name\": ",
