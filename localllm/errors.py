@@ -186,19 +186,29 @@ class AdminRequired(LocalLLMError):
 
 
 class ReaderStalled(LocalLLMError):
-    """A streaming client took none of its answer for longer than its bound while other
-    requests waited for its sequence: its stream ends with this error."""
+    """A streaming client took none of its answer for longer than its bound (or had fallen
+    behind while a priority request waited for its sequence): its stream ends with this
+    error, its sequence free for the next request."""
 
     status = 408
     error_type = "timeout_error"
     code = "client_stalled"
 
-    def __init__(self, behind_s: float, bound_s: float, waiting: int) -> None:
-        super().__init__(
-            f"The stream was ended: its client took none of the answer for {behind_s:.0f} s "
-            f"(stall_timeout_s = {bound_s:g}) while {waiting} other request(s) waited for "
-            "its sequence."
-        )
+    def __init__(
+        self, behind_s: float, bound_s: float, waiting: int, *, priority: bool = False
+    ) -> None:
+        if priority:
+            why = (
+                f"its client had taken none of the answer for {behind_s:.0f} s and a "
+                "priority request needed its sequence"
+            )
+        else:
+            why = (
+                f"its client took none of the answer for {behind_s:.0f} s "
+                f"(stall_timeout_s = {bound_s:g})"
+            )
+        more = f"; {waiting} other request(s) waited" if waiting else ""
+        super().__init__(f"The stream was ended: {why}{more}.")
 
 
 class BadModelOutput(LocalLLMError):

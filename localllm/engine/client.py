@@ -188,8 +188,10 @@ class EngineClient(Protocol):
         *,
         allow_paths: bool = True,
         keep_alive: float | None = None,
+        beside: bool = False,
     ) -> T:
-        """fn(the loaded model) on the worker, loading it first (None: the default)."""
+        """fn(the loaded model) on the worker, loading it first (None: the default);
+        `beside`: on the calling thread, the model held loaded meanwhile."""
         ...
 
     def prompt_tokens(self, request: Request) -> list[int]:

@@ -27,7 +27,7 @@ from localllm.engine.lifecycle import Lifecycle
 from localllm.engine.prompt import fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache, default_ram_budget
 from localllm.engine.request import Job, Request
-from localllm.engine.residency import Residency
+from localllm.engine.residency import Residency, Resident
 from localllm.engine.stream import ChunkStream, chunks_of
 from localllm.engine.worker import Worker
 from localllm.errors import InvalidRequest, ModelNotFound
@@ -241,23 +241,38 @@ class Engine:
         *,
         allow_paths: bool = True,
         keep_alive: float | None = None,
+        beside: bool = False,
     ) -> T:
         """fn(the loaded model), run on the worker (the model loaded first; None: the
         default model), for a tokenizer call or a model's properties (any thread but the
-        worker's). Its errors reach the caller."""
+        worker's). Its errors reach the caller. `beside`: fn runs on the calling thread
+        instead, with the model held loaded (as the tokenizer threads hold it), so work
+        that grows with a request (tokenizing megabytes) never holds the others' steps."""
         rs = self.residency
 
-        def call() -> T:
+        def load() -> Resident:
             ref = rs.resolve(Request(SamplingParams(), model=model, allow_paths=allow_paths))
             default = rs.default
             chosen = ref or (default.ref if default else self.store.resolve(self.settings.model))
             res = rs.ensure_loaded(
                 chosen, default=default is None and ref is None, keep_alive=keep_alive
             )
-            return fn(res.model)
+            if beside:
+                res.tokenizing += 1
+            return res
 
-        result: T = self.worker.on_worker(call)
-        return result
+        if not beside:
+            result: T = self.worker.on_worker(lambda: fn(load().model))
+            return result
+        res: Resident = self.worker.on_worker(load)
+
+        def release() -> None:
+            res.tokenizing -= 1
+
+        try:
+            return fn(res.model)
+        finally:
+            self.worker.post(release)
 
     def prompt_tokens(self, request: Request) -> list[int]:
         """The prompt a request would run with (its model loaded first), without running
@@ -266,7 +281,9 @@ class Engine:
         def render(model: LoadedModel) -> list[int]:
             return fit_prompt(model, with_tool_grammar(model, request)[0])[0]
 
-        tokens: list[int] = self.with_model(request.model, render, allow_paths=request.allow_paths)
+        tokens: list[int] = self.with_model(
+            request.model, render, allow_paths=request.allow_paths, beside=True
+        )
         return tokens
 
     # -- submitting ----------------------------------------------------------------

@@ -127,3 +127,16 @@ def end_unstarted(job: Job, model: str) -> None:
     (its caller then sends END)."""
     job.emit(Started(model=model, prompt_tokens=0))
     job.emit(Chunk("", (), finish_reason="cancelled", stats=GenerationStats(0, 0, 0, 0.0, 0.0)))
+
+
+INTERACTIVE_MAX_TOKENS = 64  # a raw completion asking for at most this many is interactive
+
+
+def interactive(request: Request) -> bool:
+    """Autocomplete and requests marked high priority: admitted first, prefilled first,
+    with a reserve of the queue of their own (engine/worker.py)."""
+    if request.priority == "high":
+        return True
+    limit = request.params.max_tokens
+    small = limit is not None and limit <= INTERACTIVE_MAX_TOKENS
+    return request.messages is None and small

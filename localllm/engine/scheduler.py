@@ -46,14 +46,13 @@ from localllm.backends.common import (
 from localllm.backends.media import has_media, whole_runs
 from localllm.backends.textstream import TextAssembler
 from localllm.engine.grammar import Constraint
-from localllm.engine.request import END, Job, Request, end_unstarted
+from localllm.engine.request import END, Job, end_unstarted, interactive
 from localllm.engine.sequence import Hooks, Running, kept_prefix, paused, stalled
 from localllm.errors import LocalLLMError, ReaderStalled
 
 log = logging.getLogger(__name__)
 
 PREFILL_CHUNK = 128  # prompt tokens per step while other sequences decode
-INTERACTIVE_MAX_TOKENS = 64  # a raw completion asking for at most this many is interactive
 KEEP_RATIO = 4  # a request may take over a sequence if it loses at most 1/KEEP_RATIO of its state
 # alone, a prompt's last part shorter than this is read in one step, its last token with it
 # (the step 6-18% shorter here for 4-16 new tokens); a longer one leaves that token for a
@@ -86,7 +85,9 @@ class Scheduler:
         or whose reader has fallen behind, keeps its place without making the worker spin."""
         if any(not paused(r) or r.job.cancel.is_set() for r in self.active.values()):
             return True
-        if len(self.active) < self.model.n_seq or self._stalled() is not None:
+        if self._stalled() is not None:
+            return True
+        if len(self.active) < self.model.n_seq:
             return self._startable()
         return False
 
@@ -101,18 +102,23 @@ class Scheduler:
         return sum(paused(r) for r in self.active.values())
 
     def _stalled(self) -> Running | None:
-        """The running request whose reader stalled first, when another waits for a slot."""
-        if not self.waiting or len(self.active) < self.model.n_seq:
-            return None
-        return next(
-            (r for r in sorted(self.active.values(), key=lambda r: r.arrival) if stalled(r)), None
-        )
+        """The running request to end for its reader: the first whose reader took nothing
+        for longer than its bound (whether or not another waits: a deterministic one holds
+        back everything behind it), else, while a priority request waits for a sequence
+        and none is free, the first ordinary one whose reader has fallen behind."""
+        by_arrival = sorted(self.active.values(), key=lambda r: r.arrival)
+        first = next((r for r in by_arrival if stalled(r)), None)
+        if first is not None or len(self.active) < self.model.n_seq:
+            return first
+        if any(interactive(j.request) and j.ready for j in self.waiting):
+            return next((r for r in by_arrival if not r.high and paused(r)), None)
+        return None
 
     def _startable(self) -> bool:
         """A waiting request the next step would start or end: in admission order, a
         cancelled or ready one, unless a deterministic one still being read comes first
         (it holds back those behind it, so they give the worker nothing to do yet)."""
-        for job in sorted(self.waiting, key=lambda j: (not _interactive(j.request), j.arrival)):
+        for job in sorted(self.waiting, key=lambda j: (not interactive(j.request), j.arrival)):
             if job.cancel.is_set() or job.ready:
                 return True
             if job.request.deterministic:
@@ -148,7 +154,7 @@ class Scheduler:
     def _admit(self) -> None:
         if any(r.exact for r in self.active.values()):
             return  # a deterministic request runs alone
-        self.waiting.sort(key=lambda j: (not _interactive(j.request), j.arrival))
+        self.waiting.sort(key=lambda j: (not interactive(j.request), j.arrival))
         i = 0
         while i < len(self.waiting):
             job = self.waiting[i]
@@ -208,7 +214,7 @@ class Scheduler:
             sampler=model.new_sampler(params, prompt if params.penalize_prompt else ()),
             text=TextAssembler(params.stop + params.end_markers),
             exact=adm.exact,
-            high=_interactive(job.request),
+            high=interactive(job.request),
             started=adm.started,
             drafter=adm.drafter,
             arrival=job.arrival,
@@ -263,14 +269,18 @@ class Scheduler:
                     self._drop(r, _failure(exc, "sampling failed"))
 
     def _evict_stalled(self) -> None:
-        """A request whose reader stopped reading gives its sequence up to one that waits."""
-        victim = self._stalled() if self._startable() else None
+        """A request whose reader stopped reading past its bound ends (its sequence free
+        for the next); one that has fallen behind gives its sequence up to a priority
+        request that waits for one."""
+        victim = self._stalled()
         if victim is None:
             return
         behind = victim.job.reader() if victim.job.reader is not None else None
-        stalled = ReaderStalled(behind or 0.0, victim.job.stall_s, len(self.waiting))
-        log.warning("request %s: %s", victim.job.request.request_id or "-", stalled)
-        self._drop(victim, stalled)
+        error = ReaderStalled(
+            behind or 0.0, victim.job.stall_s, len(self.waiting), priority=not stalled(victim)
+        )
+        log.warning("request %s: %s", victim.job.request.request_id or "-", error)
+        self._drop(victim, error)
 
     def _plan(self) -> tuple[list[SeqWork], list[list[int]]]:
         """The batch: each decoding sequence's token (and drafts, when it is alone), then
@@ -437,12 +447,3 @@ def _failure(exc: Exception, what: str) -> LocalLLMError:
         return exc
     log.exception(what)
     return LocalLLMError(f"internal error: {exc}")
-
-
-def _interactive(request: Request) -> bool:
-    """Autocomplete and requests marked high priority go first."""
-    if request.priority == "high":
-        return True
-    limit = request.params.max_tokens
-    small = limit is not None and limit <= INTERACTIVE_MAX_TOKENS
-    return request.messages is None and small

@@ -69,19 +69,23 @@ class ChunkStream:
         self._done = False
         self.on_cancel: Callable[[], None] | None = None  # told once, on cancel()
         self._behind_since: float | None = None  # written on the worker thread only
+        self.client_behind_since: float | None = None  # written on the event loop only
 
     def behind(self) -> float | None:  # called on the worker thread
         """Seconds since the reader fell behind; None while it keeps up. A reader waiting
         for its next item (a paced or collecting one sleeping to its deadline) is not
-        behind, however many items wait."""
+        behind, however many items wait; a client that holds more than the server allows
+        unread in its own socket (`client_behind_since`, server/unread.py) is, from the
+        moment it first did."""
+        now = time.monotonic()
+        client = self.client_behind_since
         waiter = self._waiter  # one already woken has not come back for its items yet
         if len(self._items) < BEHIND_CHUNKS or (waiter is not None and not waiter.done()):
             self._behind_since = None
-            return None
-        now = time.monotonic()
+            return None if client is None else now - client
         if self._behind_since is None:
             self._behind_since = now
-        return now - self._behind_since
+        return now - min(self._behind_since, client if client is not None else now)
 
     def feed(self, item: Any) -> None:  # called on the worker thread
         self._items.append(item)

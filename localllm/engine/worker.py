@@ -29,7 +29,7 @@ from localllm.engine.collection import CollectionPause
 from localllm.engine.lifecycle import Lifecycle, logged
 from localllm.engine.prompt import check_token_ids, end_markers, fit_prompt, with_tool_grammar
 from localllm.engine.prompt_cache import PromptCache
-from localllm.engine.request import Job, Request, end_unstarted
+from localllm.engine.request import Job, Request, end_unstarted, interactive
 from localllm.engine.residency import GrowthFailed, Residency, Resident
 from localllm.errors import ContextOverflow, LocalLLMError, ServerBusy
 from localllm.models.sampling import Recommended
@@ -37,6 +37,14 @@ from localllm.models.sampling import Recommended
 log = logging.getLogger(__name__)
 
 IDLE_WAIT_MAX_S = 3600.0
+
+
+def high_reserve(max_queue: int) -> int:
+    """Places beyond `max_queue` that only interactive requests (priority high, editor
+    autocomplete) may take: a queue full of ordinary requests still lets them in."""
+    return max(2, max_queue // 4)
+
+
 PAUSED_LOOK_S = 0.05  # how often an idle worker looks whether a paused stream may go on
 # while requests decode and none starts or ends, the status is published at most this often
 # (building it took 10-14 us a step here: a quarter of the engine's Python for one stream)
@@ -169,8 +177,11 @@ class Worker:
     def enqueue(self, job: Job) -> None:
         if self.dead is not None:
             raise LocalLLMError(f"the engine stopped: {self.dead}; restart localllm")
+        limit = self.settings.max_queue
+        if job.call is None and interactive(job.request):
+            limit += high_reserve(limit)  # never refused while ordinary ones fill the queue
         with self._lock:
-            if self._outstanding >= self.settings.max_queue:
+            if self._outstanding >= limit:
                 raise ServerBusy(self._outstanding, self.settings.max_queue)
             self._outstanding += 1
         self._jobs.put(job)

@@ -10,10 +10,13 @@ descriptors for a minute. `guarded_protocol` wraps the HTTP protocol uvicorn wou
   complete within `header_timeout_s`, or it is answered 408 and closed;
 - one address may hold `max_connections_per_client` connections; the next is answered
   503 and closed at once;
-- the kernel's send buffer is fixed at SEND_BUFFER_BYTES. Left to itself Linux grows it
-  up to 4 MiB per connection, so a streaming client that never read its socket took a
-  whole answer without the server noticing; bounded, its stream falls behind within
-  ~128 KiB and the engine pauses it (engine/stream.py, engine/sequence.py).
+- what a client that does not read can leave unread on the server's side is bounded:
+  the kernel's send buffer is fixed at SEND_BUFFER_BYTES (Linux doubles it, and left to
+  itself grows it up to 4 MiB per connection, so a streaming client that never read took
+  a whole answer without the server noticing) and asyncio's write buffer at
+  WRITE_BUFFER_BYTES; past them the stream's chunks wait, and after BEHIND_CHUNKS the
+  engine pauses it (engine/stream.py, engine/sequence.py). The client's own receive
+  buffer comes on top (about 128 KiB on Linux for a socket that is never read).
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from localllm.config import Settings
 
 log = logging.getLogger(__name__)
 
-SEND_BUFFER_BYTES = 64 * 1024
+SEND_BUFFER_BYTES = 16 * 1024  # 32 KiB once Linux doubles it
+WRITE_BUFFER_BYTES = 16 * 1024  # asyncio's high-water mark (64 KiB by default)
 
 
 def _raw_response(status: str, code: str, message: str, retry_after: int | None = None) -> bytes:
@@ -64,6 +68,8 @@ def guarded_protocol(base: type[asyncio.Protocol], settings: Settings) -> type[a
             if sock is not None:  # one that does not take it keeps the kernel's own bound
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            with contextlib.suppress(AttributeError, NotImplementedError):
+                transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)  # type: ignore[attr-defined]
             peer = transport.get_extra_info("peername")
             address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
             if open_from[address] >= cap:

@@ -16,6 +16,7 @@ again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
@@ -26,6 +27,7 @@ from fastapi.responses import StreamingResponse
 
 from localllm.engine.output import Delta
 from localllm.engine.stream import ChunkStream
+from localllm.server.unread import LOOK_S, Unread
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -59,10 +61,12 @@ class Streams:
 class Pace:
     """How often a stream may frame: every `interval_s` while it is the only one open,
     every n intervals while n are (what that saves four streams: docs/benchmarks-log.md,
-    "Every figure paired, and streams that share one frame rate")."""
+    "Every figure paired, and streams that share one frame rate"). `unread`: the local
+    client's socket, looked at while the stream is open (server/unread.py)."""
 
     interval_s: float
     streams: Streams
+    unread: Unread | None = None
 
     def interval(self) -> float:
         return self.interval_s * max(1, self.streams.open)
@@ -91,6 +95,7 @@ async def paced(
     for frame in head:
         yield frame
     pace.streams.open += 1
+    watch = asyncio.create_task(_watch(stream, pace.unread)) if pace.unread else None
     try:
         quiet_s = KEEP_ALIVE_S if keep_alive is not None else None
         async for delta in stream.deltas(due_in, quiet_s):
@@ -104,9 +109,18 @@ async def paced(
         yield on_error(exc)
     finally:
         pace.streams.open -= 1
+        if watch is not None:
+            watch.cancel()
         stream.cancel()
     for frame in tail:
         yield frame
+
+
+async def _watch(stream: ChunkStream, unread: Unread) -> None:
+    """Tell the stream, every LOOK_S, since when its client has held too much unread."""
+    while True:
+        stream.client_behind_since = unread.look()
+        await asyncio.sleep(LOOK_S)
 
 
 def streaming(

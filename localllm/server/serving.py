@@ -21,6 +21,7 @@ from localllm.engine.request import Started
 from localllm.engine.stream import ChunkStream
 from localllm.errors import BadModelOutput, ClientLeft
 from localllm.server import framing
+from localllm.server.unread import Unread
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ def pace(request: Request) -> framing.Pace:
     """How often a stream of this request may frame (`stream_interval_ms`, shared by the
     server's open streams)."""
     streams: framing.Streams = request.app.state.streams
-    return framing.Pace(settings_of(request).stream_interval_ms / 1000.0, streams)
+    unread = Unread.of(request.scope.get("client"), request.scope.get("server"))
+    return framing.Pace(settings_of(request).stream_interval_ms / 1000.0, streams, unread)
 
 
 async def on_disconnect(request: Request, then: Callable[[], None]) -> None:

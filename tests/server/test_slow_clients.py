@@ -15,17 +15,20 @@ import pytest
 
 from tests.conftest import ServerProcess, starts_process
 
-STALL_S = 2.0
+STALL_S = 4.0
+MAX_QUEUE = 4  # requests waiting or running; interactive ones get 2 places more
 
 
 @pytest.fixture(scope="module")
 @starts_process
 def slow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """Two sequences, a 2 s stall bound, a 1 s header bound, 20 connections per client."""
+    """Two sequences, a 4 s stall bound, a 1 s header bound, 20 connections per client,
+    four requests in the queue."""
     srv = ServerProcess(
         tmp_path_factory.mktemp("slow"), "--parallel", "2",
         env={"LOCALLLM_STALL_TIMEOUT_S": str(STALL_S), "LOCALLLM_HEADER_TIMEOUT_S": "1",
              "LOCALLLM_MAX_CONNECTIONS_PER_CLIENT": "20", "LOCALLLM_SPECULATE": "off",
+             "LOCALLLM_MAX_QUEUE": str(MAX_QUEUE),
              "LOCALLLM_LOG_LEVEL": "info"},
     )
     yield srv
@@ -79,6 +82,11 @@ LONG = {"model": "starter", "stream": True, "max_tokens": 600, "temperature": 1.
         "messages": [{"role": "user", "content": "Tell me a very long story about Rome."}]}
 
 
+def _frames(raw: bytes) -> list[dict]:
+    text = raw.decode("utf-8", "replace")
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
 @pytest.mark.process
 def test_streams_that_are_not_read_pause_and_give_their_sequence_up(slow: ServerProcess):
     first = _raw_post(slow.port, "/v1/chat/completions", LONG, rcvbuf=2048)
@@ -94,34 +102,85 @@ def test_streams_that_are_not_read_pause_and_give_their_sequence_up(slow: Server
         time.sleep(0.5)
         assert sorted(r["generated"] for r in _rows(slow)) == generated  # nothing decoded
 
-        # a third request waits for a sequence: the first stalled reader gives its up
-        answer = httpx.post(slow.base + "/v1/chat/completions", timeout=120, json={
-            "model": "starter", "max_tokens": 8,
-            "messages": [{"role": "user", "content": "Say hi"}]})
-        assert answer.status_code == 200, answer.text
-        assert answer.json()["choices"][0]["message"]["content"]
-
-        body = _read_all(first).decode("utf-8", "replace")
-        frames = [json.loads(line[6:]) for line in body.splitlines()
-                  if line.startswith("data: {")]
-        error = frames[-1]["error"]
-        assert error["code"] == "client_stalled", error
-        assert f"stall_timeout_s = {STALL_S:g}" in error["message"], error
-        assert "1 other request(s) waited" in error["message"], error
-        assert any(f.get("choices") for f in frames[:-1])  # what it had been sent came first
-
-        # the second was paused, never cut: read now, it goes on to the end of its answer
-        rest = _read_all(second).decode("utf-8", "replace")
-        assert "data: [DONE]" in rest
-        frames = [json.loads(line[6:]) for line in rest.splitlines()
-                  if line.startswith("data: {")]
+        # a paused stream read within its bound was never cut: it goes on to its end
+        frames = _frames(_read_all(second))
         tokens = sum(len((c.get("logprobs") or {}).get("content") or [])
                      for f in frames for c in f["choices"])
         assert tokens == LONG["max_tokens"], frames[-1]
         assert frames[-1]["choices"][0]["finish_reason"] == "length"
+
+        # one never read is given up after its bound, whether or not another waits
+        frames = _frames(_read_all(first))
+        error = frames[-1]["error"]
+        assert error["code"] == "client_stalled", error
+        assert f"stall_timeout_s = {STALL_S:g}" in error["message"], error
+        assert any(f.get("choices") for f in frames[:-1])  # what it had been sent came first
     finally:
         first.close()
         second.close()
+    _wait_for(lambda: not _rows(slow), "the server idle again", 30)
+
+
+@pytest.mark.process
+def test_a_local_client_that_never_reads_is_paused_within_its_bound(slow: ServerProcess):
+    """Round 4: plain frames filled a never-read local socket (Linux grows its buffer) and
+    the stream was never paused in 4,000 tokens; its stall clock never started, and a
+    deterministic one, which holds back every request behind it, held them as long as
+    its client stayed. The client's own socket is looked at now (server/unread.py): the
+    stream pauses after about 64 KiB unread there, and ends after its stall bound."""
+    body = {**LONG, "max_tokens": 3000, "deterministic": True}
+    for key in ("logprobs", "top_logprobs"):
+        body.pop(key)
+    s = _raw_post(slow.port, "/v1/chat/completions", body)  # the kernel's own buffer
+    try:
+        rows = _wait_for(lambda: (r := _rows(slow)) and r[0]["state"] == "paused" and r,
+                         "the stream paused", 180)
+        assert rows[0]["generated"] < 1500, rows  # ~64 KiB of plain frames: ~700 tokens
+        behind = httpx.post(slow.base + "/v1/chat/completions", timeout=120, json={
+            "model": "starter", "max_tokens": 4,
+            "messages": [{"role": "user", "content": "Say hi"}]})
+        assert behind.status_code == 200, behind.text  # after the stall bound ended it
+        frames = _frames(_read_all(s))
+        assert frames[-1]["error"]["code"] == "client_stalled", frames[-1]
+    finally:
+        s.close()
+    _wait_for(lambda: not _rows(slow), "the server idle again", 30)
+
+
+@pytest.mark.process
+def test_a_priority_request_gets_in_beside_a_full_queue_and_paused_streams(
+    slow: ServerProcess,
+):
+    """Round 4: with the queue full of ordinary requests and every sequence held by
+    clients that do not read, a priority request got 503 every time. It has places of
+    its own in the queue now (a full queue of ordinary ones answers them 503), goes
+    first, and takes the sequence of a stream whose reader has fallen behind."""
+    import concurrent.futures
+
+    held = [_raw_post(slow.port, "/v1/chat/completions", LONG, rcvbuf=2048) for _ in range(2)]
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        _wait_for(lambda: (r := _rows(slow)) and len(r) == 2
+                  and all(x["state"] == "paused" for x in r), "both streams paused")
+        ask = {"model": "starter", "max_tokens": 4,
+               "messages": [{"role": "user", "content": "Say hi"}]}
+        queued = [pool.submit(httpx.post, slow.base + "/v1/chat/completions", json=ask,
+                              timeout=120) for _ in range(MAX_QUEUE - 2)]
+        _wait_for(lambda: slow.health()["activity"]["queued"] >= MAX_QUEUE - 2,
+                  "the queue full")  # two running, two waiting
+        full = httpx.post(slow.base + "/v1/chat/completions", json=ask, timeout=60)
+        assert full.status_code == 503 and full.json()["error"]["code"] == "server_busy"
+        first = httpx.post(slow.base + "/v1/chat/completions", timeout=120,
+                           json={**ask, "priority": "high"})
+        assert first.status_code == 200, first.text
+        ended = [_frames(_read_all(s))[-1] for s in held]
+        assert any("a priority request needed its sequence" in f["error"]["message"]
+                   for f in ended if "error" in f), ended
+        assert all(q.result().status_code == 200 for q in queued)
+    finally:
+        pool.shutdown(wait=False)
+        for s in held:
+            s.close()
     _wait_for(lambda: not _rows(slow), "the server idle again", 30)
 
 

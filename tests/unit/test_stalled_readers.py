@@ -1,6 +1,7 @@
 """A stream whose reader stops reading, on the scripted model (no process, no weights):
-it is paused out of the batch, then gives its sequence up to a request that waits
-(the real-server test is tests/server/test_slow_clients.py)."""
+it is paused out of the batch, and ended after its stall bound whether or not another
+request waits, or at once when a priority request needs its sequence (the real-server
+test is tests/server/test_slow_clients.py)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ async def _until(check: Callable[[], object], what: str) -> None:
     raise AssertionError(f"never: {what}")
 
 
-def test_a_reader_that_stops_is_paused_then_gives_its_sequence_up(settings: Settings):
+def test_a_reader_that_stops_is_paused_then_ended_after_its_bound(settings: Settings):
     write_fake_model(settings.models_dir / "scripted.gguf")
     chosen = dataclasses.replace(settings, model="scripted", parallel=1, stall_timeout_s=0.2)
     engine = Engine(chosen, backends=[FakeBackend(SCRIPT)])
@@ -50,20 +51,46 @@ def test_a_reader_that_stops_is_paused_then_gives_its_sequence_up(settings: Sett
         await _until(lambda: [r["state"] for r in rows()] == ["paused"], "paused")
         held = rows()[0]["generated"]
         assert 64 <= held < 600
-        await asyncio.sleep(0.3)  # longer than its stall bound, but nobody waits: it stays
-        assert [(r["state"], r["generated"]) for r in rows()] == [("paused", held)]
-
-        waiting = engine.submit(_ask(3))  # now one waits for the only sequence
-        whole = await waiting.collect(1.0)
-        assert whole.final is not None and whole.final.finish_reason == "length"
-
+        # nobody waits for its sequence, and it is ended all the same once past its bound
+        await _until(lambda: not rows(), "ended")
         got = []
         with pytest.raises(ReaderStalled) as err:
             async for chunk in idle:
                 got.append(chunk.text)
         assert len(got) == held  # what it had been given, then the error
         assert "stall_timeout_s = 0.2" in err.value.message
-        assert "1 other request(s) waited" in err.value.message
+        assert "waited" not in err.value.message
+
+        after = await engine.submit(_ask(3)).collect(1.0)
+        assert after.final is not None and after.final.finish_reason == "length"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        engine.close()
+
+
+def test_a_priority_request_takes_the_sequence_of_a_reader_that_fell_behind(
+    settings: Settings,
+):
+    write_fake_model(settings.models_dir / "scripted.gguf")
+    chosen = dataclasses.replace(settings, model="scripted", parallel=1, stall_timeout_s=60)
+    engine = Engine(chosen, backends=[FakeBackend(SCRIPT)])
+
+    async def scenario() -> None:
+        idle = engine.submit(_ask(600))
+        await idle.started()
+        await _until(lambda: [r["state"] for r in engine.status().activity["requests"]]
+                     == ["paused"], "paused")
+        ordinary = engine.submit(_ask(3))  # waits: a paused reader keeps its sequence
+        first = engine.submit(dataclasses.replace(_ask(3), priority="high"))
+        whole = await first.collect(1.0)
+        assert whole.final is not None and whole.final.finish_reason == "length"
+        with pytest.raises(ReaderStalled) as err:
+            async for _ in idle:
+                pass
+        assert "a priority request needed its sequence" in err.value.message
+        assert (await ordinary.collect(1.0)).final is not None
 
     try:
         asyncio.run(scenario())
@@ -73,7 +100,7 @@ def test_a_reader_that_stops_is_paused_then_gives_its_sequence_up(settings: Sett
 
 def test_a_paused_reader_that_reads_again_goes_on_to_its_end(settings: Settings):
     write_fake_model(settings.models_dir / "scripted.gguf")
-    chosen = dataclasses.replace(settings, model="scripted", parallel=1, stall_timeout_s=0.2)
+    chosen = dataclasses.replace(settings, model="scripted", parallel=1, stall_timeout_s=5)
     engine = Engine(chosen, backends=[FakeBackend(SCRIPT)])
 
     async def scenario() -> None:
@@ -81,7 +108,7 @@ def test_a_paused_reader_that_reads_again_goes_on_to_its_end(settings: Settings)
         await slow.started()
         await _until(lambda: [r["state"] for r in engine.status().activity["requests"]]
                      == ["paused"], "paused")
-        await asyncio.sleep(0.3)  # past its bound, with nobody waiting: never cut
+        await asyncio.sleep(0.3)  # paused a while, within its bound
         whole = await slow.collect(1.0)
         assert whole.final is not None and whole.final.finish_reason == "length"
         assert whole.final.stats is not None and whole.final.stats.generated_tokens == 300

@@ -95,7 +95,7 @@ async def messages(body: MessagesBody, request: Request) -> JSONResponse | Strea
         messages=await _messages(request, body),
         model=body.model,
         context_policy=settings_of(request).context_policy,
-        tools=body.tool_spec(),
+        tools=await off_loop(body.tool_spec),
         template_vars=body.template_vars(),
         **who(request),
     )
@@ -217,7 +217,7 @@ async def count_tokens(body: CountBody, request: Request) -> JSONResponse:
         SamplingParams(),
         messages=await _messages(request, body),
         model=body.model,
-        tools=body.tool_spec(),
+        tools=await off_loop(body.tool_spec),
         template_vars=body.template_vars(),
         **who(request),
     )

@@ -4,7 +4,7 @@ naming it) and how their content blocks map onto the engine's messages."""
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -186,7 +186,7 @@ class _Prompt(wire.Wire):
     model: wire.Name
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: wire.Text | list[TextBlock] | None = None
-    tools: list[AnthropicTool] | None = None
+    tools: Annotated[list[AnthropicTool] | None, wire.ToolCount] = None
     tool_choice: AnthropicToolChoice | None = None
     thinking: Thinking | None = None
     output_config: OutputConfig | None = None

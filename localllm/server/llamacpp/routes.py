@@ -265,9 +265,9 @@ async def tokenize(body: TokenizeBody, request: Request) -> JSONResponse:
         return {"tokens": pieces}
 
     out = await asyncio.to_thread(
-        engine.with_model, body.model, work, allow_paths=settings.allow_model_paths
+        engine.with_model, body.model, work, allow_paths=settings.allow_model_paths, beside=True
     )
-    return JSONResponse(out)
+    return await asyncio.to_thread(JSONResponse, out)  # 7 MB of text: 2 M ids to write
 
 
 @router.post("/detokenize")
@@ -286,7 +286,7 @@ async def detokenize(body: DetokenizeBody, request: Request) -> JSONResponse:
         return {"content": model.detokenize(body.tokens)}
 
     out = await asyncio.to_thread(
-        engine.with_model, body.model, work, allow_paths=settings.allow_model_paths
+        engine.with_model, body.model, work, allow_paths=settings.allow_model_paths, beside=True
     )
     return JSONResponse(out)
 

@@ -403,7 +403,7 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
         body.sampling(),
         messages=await smedia.off_loop(lambda: [m.to_message() for m in body.messages]),
         context_policy=settings.context_policy,
-        tools=body.tool_spec(),
+        tools=await smedia.off_loop(body.tool_spec),
         **body.engine_fields(request),
     )
     return await _answer(request, req, body.stream, chat=True)

@@ -4,7 +4,7 @@ does not honour, is a 400 naming it) and the model name rule its clients follow.
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Request
 from pydantic import Field
@@ -122,7 +122,7 @@ class _Common(wire.Wire):
 
 class ChatBody(_Common):
     messages: list[OllamaMessage] = Field(default_factory=list)
-    tools: list[wire.ToolDef] | None = None
+    tools: Annotated[list[wire.ToolDef] | None, wire.ToolCount] = None
 
     def tool_spec(self) -> ToolSpec | None:
         functions = [t.function.model_dump(exclude_none=True) for t in self.tools or ()]

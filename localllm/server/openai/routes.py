@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from localllm.backends.base import Message
+from localllm.backends.tools import ToolSpec
 from localllm.engine.client import EngineClient
 from localllm.engine.output import Delta
 from localllm.engine.request import Request as EngineRequest
@@ -89,21 +90,26 @@ async def chat_completions(
 ) -> JSONResponse | StreamingResponse:
     fetched = await prefetch(request, [u for m in body.messages for u in m.image_urls()])
     messages = await off_loop(lambda: [m.to_message(fetched) for m in body.messages])
+    tools = await off_loop(body.tool_spec)  # a thousand tools' schemas compiled
     policy = request.app.state.settings.context_policy
-    req = chat_request(body, messages, context_policy=policy, **who(request))
+    req = chat_request(body, messages, tools, context_policy=policy, **who(request))
     return await _respond(request, body, req, shapes.ChatShapes)
 
 
 def chat_request(
-    body: ChatCompletionRequest, messages: list[Message], **extra: Any
+    body: ChatCompletionRequest,
+    messages: list[Message],
+    tools: ToolSpec | None = None,
+    **extra: Any,
 ) -> EngineRequest:
-    """The engine's request for a chat completion body (its messages already read):
-    what the route submits, and what the exactness matrix test replays in-process."""
+    """The engine's request for a chat completion body (its messages and tools already
+    read; tools None: read here): what the route submits, and what the exactness matrix
+    test replays in-process."""
     return EngineRequest(
         body.sampling(),
         messages=messages,
         model=body.model,
-        tools=body.tool_spec(),
+        tools=tools if tools is not None else body.tool_spec(),
         template_vars=body.chat_template_kwargs,
         response_format=body.wire_response_format(),
         **body.extensions(),

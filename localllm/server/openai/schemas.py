@@ -3,7 +3,7 @@ we do not know is a 400 naming it)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -22,6 +22,7 @@ from localllm.server.wire import (
     Name,
     Text,
     TokenId,
+    ToolCount,
     ToolDef,
     Wire,
     lora_scales,
@@ -278,7 +279,7 @@ class SamplingFields(Wire):
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[ToolDef] | None = None
+    tools: Annotated[list[ToolDef] | None, ToolCount] = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None

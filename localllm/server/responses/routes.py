@@ -125,7 +125,7 @@ async def _engine_request(
         messages=messages,
         model=body.model,
         context_policy=settings_of(request).context_policy,
-        tools=body.tool_spec(),
+        tools=await off_loop(body.tool_spec),
         template_vars=body.template_vars(),
         keep_alive=getattr(body, "keep_alive", None),
         **who(request),

@@ -259,7 +259,7 @@ class NamespaceTool(wire.Wire):
     type: Literal["namespace"]
     name: str = Field(pattern=wire.FUNCTION_NAME)
     description: wire.Text | None = None
-    tools: list[dict[str, Any]]
+    tools: Annotated[list[dict[str, Any]], wire.ToolCount]
 
 
 class NamedChoice(wire.Wire):
@@ -316,7 +316,7 @@ class ResponsesBody(wire.Wire):
     model: wire.Name | None = None
     input: wire.Text | list[Item] = Field(default_factory=list)
     instructions: wire.Text | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: Annotated[list[dict[str, Any]] | None, wire.ToolCount] = None
     tool_choice: Literal["auto", "none", "required"] | NamedChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
