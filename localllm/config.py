@@ -158,6 +158,7 @@ class Settings:
     # another request waits for one (it is paused, not decoded, as soon as it falls behind)
     stall_timeout_s: float = 30.0
     header_timeout_s: float = 10.0  # a connection's request head must arrive within this
+    body_timeout_s: float = 120.0  # and its body within this (8 MiB at 1 Mbit/s: 67 s)
     max_connections_per_client: int = 128  # open connections from one address
     data_dir: Path = field(default_factory=_data_dir)
     cache_dir: Path = field(default_factory=_cache_dir)
@@ -448,7 +449,7 @@ def _validate(s: Settings) -> None:
         )
     if not 0 <= s.drain_s <= 3600:
         raise ConfigError(f"drain_s must be 0 to 3600 seconds, got {s.drain_s}")
-    for key in ("stall_timeout_s", "header_timeout_s"):
+    for key in ("stall_timeout_s", "header_timeout_s", "body_timeout_s"):
         if not 0.1 <= getattr(s, key) <= 3600:
             raise ConfigError(f"{key} must be 0.1 to 3600 seconds, got {getattr(s, key)}")
     if not 1 <= s.max_connections_per_client <= 65536:

@@ -69,8 +69,9 @@ MEANING = {
     "many seconds it gives its sequence up (a `client_stalled` error frame) when another "
     "request waits for one",
     "header_timeout_s": "seconds a connection has to send a request's head before it is closed",
-    "max_connections_per_client": "open connections from one address; more are answered "
-    "503 and closed",
+    "body_timeout_s": "seconds a request's whole body may take to arrive (else 408)",
+    "max_connections_per_client": "open connections from one address on another machine (more "
+    "are answered 503 and closed); the server holds four times that, closing the idlest",
     "data_dir": "the model store lives in `data_dir/models`; keys and usage beside it",
     "cache_dir": "caches (saved KV states in `cache_dir/kv`)",
     "lmstudio_dir": "LM Studio's models, listed and used in place",

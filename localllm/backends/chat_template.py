@@ -2,8 +2,9 @@
 
 A template comes with the model file, so it is code from whoever made the file. It runs
 in Jinja's immutable sandbox, and within bounds: at most RENDER_SECONDS of time (a
-watchdog raises in the rendering thread, which stops any loop written in Jinja), at
-most MAX_OUTPUT characters of output, and no `*` or `**` whose result would be larger.
+watchdog raises in the rendering thread, which stops any loop written in Jinja), and
+at most MAX_OUTPUT characters in any value it builds on the way, the output included
+(backends/template_bounds.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,10 @@ from typing import Any, NoReturn
 
 from jinja2 import TemplateError, nodes
 from jinja2.ext import Extension
-from jinja2.filters import do_indent
 from jinja2.parser import Parser
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from localllm.backends.base import Message
+from localllm.backends.template_bounds import MAX_OUTPUT, Bounded
 from localllm.backends.tools import template_message
 from localllm.errors import InvalidRequest
 
@@ -38,8 +38,6 @@ CHATML = (
 
 
 RENDER_SECONDS = 5.0
-MAX_OUTPUT = 16 * 1024 * 1024  # characters of rendered prompt
-MAX_INT_BITS = 4096  # a template's integer arithmetic: far past any real template's need
 
 
 class RenderTimeout(Exception):
@@ -120,42 +118,6 @@ class _Watcher:
 _WATCHER = _Watcher()
 
 
-class _Bounded(ImmutableSandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**"})
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "**":
-            both_ints = isinstance(right, int) and isinstance(left, int)
-            if both_ints and (abs(right) > 256 or left.bit_length() * right > MAX_INT_BITS):
-                raise TemplateError(f"a power with exponent {right} is too large to compute")
-            return left**right
-        if isinstance(left, int) and isinstance(right, int):
-            if left.bit_length() + right.bit_length() > MAX_INT_BITS:
-                raise TemplateError("a product too large to compute")
-            return left * right
-        for seq, times in ((left, right), (right, left)):
-            sized = isinstance(seq, str | list | tuple) and isinstance(times, int)
-            if sized and len(seq) * times > MAX_OUTPUT:
-                raise TemplateError(
-                    f"a repetition of {len(seq)} items {times} times is over the {MAX_OUTPUT} limit"
-                )
-        return left * right
-
-
-def _indent(text: str, width: int | str = 4, first: bool = False, blank: bool = False) -> str:
-    """Jinja's `indent`, refusing an output over the limit before making it."""
-    pad = width if isinstance(width, str) else " " * max(0, min(int(width), MAX_OUTPUT + 1))
-    if len(text) + len(pad) * (text.count("\n") + 1) > MAX_OUTPUT:
-        raise TemplateError(f"an indent of {len(pad)} characters would pass the output limit")
-    return do_indent(text, pad, first, blank)
-
-
-def _center(text: str, width: int = 80) -> str:
-    if width > MAX_OUTPUT:
-        raise TemplateError(f"centering in {width} characters would pass the output limit")
-    return text.center(width)
-
-
 def _raise(message: str) -> NoReturn:
     raise InvalidRequest(
         f"The model's chat template rejected the messages: {message}", param="messages"
@@ -194,14 +156,12 @@ class _Generation(Extension):
 
 @lru_cache(maxsize=8)
 def _compile(source: str) -> Any:
-    env = _Bounded(
+    env = Bounded(
         trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _Generation]
     )
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = _strftime_now
     env.filters["tojson"] = _tojson
-    env.filters["indent"] = _indent
-    env.filters["center"] = _center
     return env.from_string(source)
 
 

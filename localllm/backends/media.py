@@ -16,13 +16,16 @@ import hashlib
 import io
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from localllm.backends.base import MEDIA_MARKER, Media, ModelInfo
 from localllm.errors import InvalidRequest
 
 MAX_MEDIA_BYTES = 20 * 1024 * 1024  # one image or clip as sent (after base64)
 MAX_IMAGE_PIXELS = 40_000_000  # width times height, decoded
+MAX_REQUEST_PIXELS = 100_000_000  # all of a request's images (50 screenshots of 1080p)
 IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 AUDIO_FORMATS = ("wav", "mp3", "flac")
 
@@ -52,12 +55,49 @@ def data_url(url: str, *, param: str) -> tuple[str, bytes]:
     return head[5:-7].lower(), decode_base64(payload, param=param)
 
 
+_pixels_left: ContextVar[list[int] | None] = ContextVar("pixels_left", default=None)
+_refused: ContextVar[InvalidRequest | None] = ContextVar("media_refused", default=None)
+
+
+@contextmanager
+def pixel_budget(
+    limit: int = MAX_REQUEST_PIXELS, *, refused: InvalidRequest | None = None
+) -> Iterator[None]:
+    """The images `image()` decodes meanwhile (on this thread) share `limit` pixels; each
+    is checked against what is left from its header, before its pixels are decoded (six
+    6300x6300 PNGs in one request took 1.1 GB before this). `refused`: the model cannot
+    read pictures at all, known before any is decoded: the first one raises it."""
+    token, said = _pixels_left.set([limit]), _refused.set(refused)
+    try:
+        yield
+    finally:
+        _pixels_left.reset(token)
+        _refused.reset(said)
+
+
+def _spend(width: int, height: int, param: str) -> None:
+    left = _pixels_left.get()
+    if left is None:
+        return
+    if width * height > left[0]:
+        raise InvalidRequest(
+            f"{param} ({width}x{height}) takes the request's images past "
+            f"{MAX_REQUEST_PIXELS:,} pixels in all; send fewer or smaller images",
+            param=param,
+            code="media_too_large",
+        )
+    left[0] -= width * height
+
+
 def image(data: bytes, *, param: str) -> Media:
     """A checked image: PNG, JPEG, WebP, GIF (its first frame) or BMP, at most
     MAX_MEDIA_BYTES as sent and MAX_IMAGE_PIXELS decoded; InvalidRequest naming `param`
     and the limit otherwise. Decoded to RGB here, so the native code reads pixels only."""
     from PIL import Image, UnidentifiedImageError
 
+    refused = _refused.get()
+    if refused is not None:
+        raise refused
     if len(data) > MAX_MEDIA_BYTES:
         raise InvalidRequest(
             f"{param} is {len(data):,} bytes; the limit is {MAX_MEDIA_BYTES:,}",
@@ -81,6 +121,7 @@ def image(data: bytes, *, param: str) -> Media:
                     param=param,
                     code="media_too_large",
                 )
+            _spend(width, height, param)
             rgb = img.convert("RGB").tobytes()
     except InvalidRequest:
         raise

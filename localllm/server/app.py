@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -42,22 +43,34 @@ Send = Callable[[Message], Awaitable[None]]
 
 
 class BodyLimit:
-    """Refuse request bodies over `limit` bytes with 413 before any of it is parsed."""
+    """Refuse request bodies over `limit` bytes with 413 before any of it is parsed, and
+    bodies that take longer than `deadline_s` to arrive with 408."""
 
-    def __init__(self, app: Callable[[Scope, Receive, Send], Awaitable[None]], limit: int) -> None:
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        limit: int,
+        deadline_s: float = 120.0,
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.deadline_s = deadline_s
 
-    async def _reject(self, send: Send, size: str, path: str) -> None:
-        message = f"The request body is {size} bytes; the limit is {self.limit} bytes."
-        payload = json.dumps(
-            error_for(path, 413, message, "invalid_request_error", None, "payload_too_large")
-        )
+    async def _reject(
+        self, send: Send, size: str, path: str, *, status: int = 413, message: str = ""
+    ) -> None:
+        message = message or f"The request body is {size} bytes; the limit is {self.limit} bytes."
+        code = "payload_too_large" if status == 413 else "body_timeout"
+        payload = json.dumps(error_for(path, status, message, "invalid_request_error", None, code))
         await send(
             {
                 "type": "http.response.start",
-                "status": 413,
-                "headers": [(b"content-type", b"application/json")],
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(payload.encode())).encode()),
+                    (b"connection", b"close"),  # the rest of the body is never read
+                ],
             }
         )
         await send({"type": "http.response.body", "body": payload.encode()})
@@ -70,20 +83,37 @@ class BodyLimit:
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             await self._reject(send, declared.decode(), scope["path"])
             return
-        # Read the body here (it is small by construction) so chunked uploads are bounded too.
+        # Read the body here (it is small by construction) so chunked uploads are bounded
+        # too, in size and in time: a body trickled a byte every few seconds is cut
         chunks: list[bytes] = []
         total = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return
-            chunks.append(message.get("body", b""))
-            total += len(chunks[-1])
-            if total > self.limit:
-                await self._reject(send, f"more than {self.limit}", scope["path"])
-                return
-            if not message.get("more_body", False):
-                break
+
+        async def read() -> bool:
+            nonlocal total
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return False
+                chunks.append(message.get("body", b""))
+                total += len(chunks[-1])
+                if total > self.limit or not message.get("more_body", False):
+                    return True
+
+        try:
+            whole = await asyncio.wait_for(read(), self.deadline_s)
+        except asyncio.TimeoutError:
+            log.warning("a request body took over %g s (%d bytes came)", self.deadline_s, total)
+            message = (
+                f"The request body did not arrive within {self.deadline_s:g} s "
+                f"(body_timeout_s; {total:,} bytes came)."
+            )
+            await self._reject(send, "", scope["path"], status=408, message=message)
+            return
+        if not whole:
+            return
+        if total > self.limit:
+            await self._reject(send, f"more than {self.limit}", scope["path"])
+            return
         body = b"".join(chunks)
         replayed = False
 
@@ -144,7 +174,7 @@ def create_app(
     telemetry = Telemetry(engine, routes)
     app.state.telemetry = telemetry
     # added last = outermost: the guard sees each request first
-    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes, deadline_s=settings.body_timeout_s)
     app.add_middleware(
         CORSMiddleware,
         allow_origin_regex=origin_pattern(settings.allowed_origins),

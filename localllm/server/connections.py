@@ -9,7 +9,10 @@ descriptors for a minute. `guarded_protocol` wraps the HTTP protocol uvicorn wou
 - a connection's request head (and each later one on a kept-alive connection) must be
   complete within `header_timeout_s`, or it is answered 408 and closed;
 - one address may hold `max_connections_per_client` connections; the next is answered
-  503 and closed at once;
+  503 and closed at once. Every client on this machine shares 127.0.0.1, so for loopback
+  the bound is the server's total instead (TOTAL_PER_CLIENT times that setting): when
+  it is reached, the connection idle longest (waiting for a request's head) is closed
+  to make room, and only when none is idle is the new one answered 503;
 - what a client that does not read can leave unread on the server's side is bounded:
   the kernel's send buffer is fixed at SEND_BUFFER_BYTES (Linux doubles it, and left to
   itself grows it up to 4 MiB per connection, so a streaming client that never read took
@@ -23,9 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import socket
+import time
 from collections import Counter
 from typing import Any
 
@@ -33,6 +38,7 @@ from localllm.config import Settings
 
 log = logging.getLogger(__name__)
 
+TOTAL_PER_CLIENT = 4  # the server's connections: this many times the per-client bound
 SEND_BUFFER_BYTES = 16 * 1024  # 32 KiB once Linux doubles it
 WRITE_BUFFER_BYTES = 16 * 1024  # asyncio's high-water mark (64 KiB by default)
 
@@ -55,12 +61,15 @@ def guarded_protocol(base: type[asyncio.Protocol], settings: Settings) -> type[a
     open_from: Counter[str] = Counter()  # open connections by client address
     head_s = settings.header_timeout_s
     cap = settings.max_connections_per_client
+    total = TOTAL_PER_CLIENT * cap
+    everyone: set[Any] = set()  # every open connection (the loopback bound is on these)
 
     class Guarded(base):  # type: ignore[valid-type,misc]
         _address: str | None = None
         _head_timer: asyncio.TimerHandle | None = None
         _head_cycle: Any = None
         _partial = False  # some of the awaited head has arrived
+        idle_since: float | None = None  # waiting for a request's head since (monotonic)
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
@@ -72,29 +81,27 @@ def guarded_protocol(base: type[asyncio.Protocol], settings: Settings) -> type[a
                 transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)  # type: ignore[attr-defined]
             peer = transport.get_extra_info("peername")
             address = str(peer[0]) if isinstance(peer, tuple) and peer else "unknown"
-            if open_from[address] >= cap:
+            local = _loopback(address)
+            if local and len(everyone) >= total:
+                _close_idlest(everyone)
+            crowded = len(everyone) >= total if local else open_from[address] >= cap
+            if crowded:
                 log.warning(
                     "refused a connection from %s: %d open (limit %d)",
                     address,
-                    open_from[address],
-                    cap,
+                    len(everyone) if local else open_from[address],
+                    total if local else cap,
                 )
-                self.transport.write(
-                    _raw_response(
-                        "503 Service Unavailable",
-                        "too_many_connections",
-                        f"{address} has {open_from[address]} connections open to this server "
-                        f"(max_connections_per_client = {cap}); close some and retry.",
-                        retry_after=1,
-                    )
-                )
+                self.transport.write(_crowded(address, open_from[address], cap, local, total))
                 self.transport.close()
                 return
             self._address = address
             open_from[address] += 1
+            everyone.add(self)
             self._await_head()
 
         def connection_lost(self, exc: Exception | None) -> None:
+            everyone.discard(self)
             self._stop_head_timer()
             if self._address is not None:
                 open_from[self._address] -= 1
@@ -109,6 +116,7 @@ def guarded_protocol(base: type[asyncio.Protocol], settings: Settings) -> type[a
                 self._partial = True
                 if self.cycle is not self._head_cycle:
                     self._stop_head_timer()  # a request's head has arrived
+                    self.idle_since = None
 
         def on_response_complete(self) -> None:
             done = self.cycle
@@ -117,6 +125,7 @@ def guarded_protocol(base: type[asyncio.Protocol], settings: Settings) -> type[a
                 self._await_head()  # kept alive: the next request's head is bounded too
 
         def _await_head(self) -> None:
+            self.idle_since = time.monotonic()
             self._stop_head_timer()
             self._head_cycle, self._partial = self.cycle, False
             self._head_timer = asyncio.get_running_loop().call_later(head_s, self._head_late)
@@ -148,6 +157,38 @@ def guarded_protocol(base: type[asyncio.Protocol], settings: Settings) -> type[a
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _close_idlest(connections: set[Any]) -> None:
+    """Close the connection that has waited longest for a request (one that has sent
+    nothing yet, or is kept alive between requests); none when every one is busy."""
+    idle = [c for c in connections if c.idle_since is not None and not c._partial]
+    if idle:
+        victim = min(idle, key=lambda c: c.idle_since)
+        log.info("closed a connection from %s idle for the longest to make room", victim._address)
+        connections.discard(victim)
+        victim.transport.close()
+
+
+def _crowded(address: str, held: int, cap: int, local: bool, total: int) -> bytes:
+    if local:
+        message = (
+            f"the server has {total} connections open, none idle (max_connections_per_client "
+            f"= {cap}; the server holds {TOTAL_PER_CLIENT} times that); retry shortly."
+        )
+    else:
+        message = (
+            f"{address} has {held} connections open to this server "
+            f"(max_connections_per_client = {cap}); close some and retry."
+        )
+    return _raw_response("503 Service Unavailable", "too_many_connections", message, 1)
 
 
 def uvicorn_protocol(settings: Settings) -> type[asyncio.Protocol]:

@@ -13,7 +13,8 @@ from starlette.requests import Request
 
 from localllm.backends import media
 from localllm.backends.base import MEDIA_MARKER, Media
-from localllm.errors import InvalidRequest
+from localllm.errors import InvalidRequest, LocalLLMError
+from localllm.models import projector
 
 T = TypeVar("T")
 FETCH_TIMEOUT_S = 30.0
@@ -45,17 +46,27 @@ def not_fetched(param: str) -> InvalidRequest:
 
 
 async def fetch(urls: Iterable[str], *, allowed: bool) -> dict[str, bytes]:
-    """The bytes behind each http(s) URL (at most MAX_MEDIA_BYTES each); InvalidRequest
-    naming the URL when fetching is off or it fails."""
+    """The bytes behind each http(s) URL (at most MAX_MEDIA_BYTES each, all of them within
+    FETCH_TIMEOUT_S in total: a server that sends a byte every few seconds is not waited
+    for); InvalidRequest naming the URL when fetching is off or it fails."""
     wanted = list(dict.fromkeys(u for u in urls if is_remote(u)))
     if not wanted:
         return {}
     if not allowed:
         raise not_fetched("image_url")
     out: dict[str, bytes] = {}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + FETCH_TIMEOUT_S
     async with httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, follow_redirects=True) as client:
         for url in wanted:
-            out[url] = await _get(client, url)
+            try:
+                out[url] = await asyncio.wait_for(_get(client, url), deadline - loop.time())
+            except asyncio.TimeoutError:
+                raise InvalidRequest(
+                    f"fetching the image at {url} took over {FETCH_TIMEOUT_S:g} s",
+                    param="image_url",
+                    code="image_url_timeout",
+                ) from None
     return out
 
 
@@ -83,10 +94,45 @@ async def _get(client: httpx.AsyncClient, url: str) -> bytes:
         ) from None
 
 
-async def off_loop(build: Callable[[], T]) -> T:
+async def off_loop(
+    build: Callable[[], T], request: Request | None = None, model: str | None = None
+) -> T:
     """`build()` (a request's messages, pictures decoded) on a worker thread: a large
-    picture takes Pillow up to a second, which no other client's stream should wait for."""
-    return await asyncio.to_thread(build)
+    picture takes Pillow up to a second, which no other client's stream should wait for.
+    Its pictures share one pixel budget (media.pixel_budget), and with the `request` and
+    its `model`, a model known to read no pictures refuses the first before decoding it."""
+    refused = None if request is None else _no_pictures(request, model)
+
+    def bounded() -> T:
+        with media.pixel_budget(refused=refused):
+            return build()
+
+    return await asyncio.to_thread(bounded)
+
+
+def _no_pictures(request: Request, model: str | None) -> InvalidRequest | None:
+    """The error for a picture sent to `model`, when it is known before loading it that
+    the model reads none: a local GGUF with no projector beside it, not loaded with one,
+    and no projector set in the config or remote route that could change that."""
+    settings, engine = request.app.state.settings, request.app.state.engine
+    if settings.mmproj or settings.routes:
+        return None
+    try:
+        if engine.remotes.find(model) is not None:
+            return None
+        ref = engine.resolve(model or settings.model, paths=False)
+        rows = [r for r in engine.status().resident() if r["model"] == ref.name]
+    except LocalLLMError:  # not found here: the engine says so when it is asked
+        return None
+    if ref.format != "gguf" or any(r["media"] for r in rows) or projector.kinds(ref.path):
+        return None
+    return InvalidRequest(
+        f"{ref.name} cannot read images: it has no projector: put the model's mmproj GGUF "
+        "beside it (mmproj-*.gguf, which `localllm pull` fetches with the model), or load "
+        "it with --mmproj FILE",
+        param="messages",
+        code="vision_not_supported",
+    )
 
 
 async def prefetch(request: Request, urls: Iterable[str]) -> dict[str, bytes]:

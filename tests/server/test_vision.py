@@ -172,6 +172,16 @@ def test_bad_images_are_refused_by_name(seer: ServerProcess):
 
     err = refused("starter", url(noise_png()))
     assert err["code"] == "vision_not_supported" and "--mmproj" in err["message"]
+    # round 4: six 6300x6300 PNGs to a model with no projector were decoded (1.1 GB)
+    # before the 400; it is known first now, and nothing is decoded (these headers promise
+    # pixels that never come: decoding them would be a different error)
+    huge = url(_huge_png(6300, 6300))
+    err = refused("starter", huge)
+    assert err["code"] == "vision_not_supported", err
+    r = httpx.post(seer.base + "/api/chat", timeout=60, json={
+        "model": "starter", "stream": False, "messages": [
+            {"role": "user", "content": "x", "images": [huge["image_url"]["url"][22:]] * 6}]})
+    assert r.status_code == 400 and "cannot read images" in r.json()["error"], r.text
     err = refused("seer", url(b"plain text, not a picture"))
     assert err["code"] == "unsupported_media" and "not an image" in err["message"]
     err = refused("seer", url(_huge_png(9000, 9000)))

@@ -81,6 +81,7 @@ LAYER_VALUES: dict[str, tuple[object, str, object]] = {
     "drain_s": (1.5, "2.5", 3.0),
     "stall_timeout_s": (5.0, "6.5", 7.0),
     "header_timeout_s": (2.0, "3.5", 4.0),
+    "body_timeout_s": (30.0, "45.5", 60.0),
     "max_connections_per_client": (10, "20", 30),
     "data_dir": ("~/d1", "~/d2", Path("/d3")),
     "cache_dir": ("/c1", "/c2", Path("/c3")),

@@ -102,3 +102,73 @@ def test_two_pictures_runs_never_meet(x: bytes, y: bytes, n: int, m: int) -> Non
     assert media.run_end(both, 0) == n and media.run_start(both, n) == n
     again = first + first  # the same picture twice in a row: two runs
     assert media.run_end(again, 0) == n
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG's signature and header chunk only: its size is known, its pixels never come."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 9))
+
+
+def test_a_requests_images_share_a_pixel_budget_checked_before_decoding():
+    """Round 4: six 6300x6300 PNGs in one request were all decoded (1.1 GB) before any
+    check. Each image's size is read from its header and held to what the request has
+    left, so the one past the budget is refused before its pixels are decoded."""
+    small = noise_png(40, 30)
+    with media.pixel_budget(2500):
+        media.image(small, param="a")  # 1,200 pixels
+        media.image(small, param="b")  # 2,400
+        with pytest.raises(InvalidRequest, match="in all") as err:
+            media.image(small, param="c")
+        assert err.value.code == "media_too_large" and err.value.param == "c"
+    with media.pixel_budget(6300 * 6300 * 2):
+        for param in ("a", "b"):  # headers of 6300x6300: within the budget, then undecodable
+            with pytest.raises(InvalidRequest, match="does not decode"):
+                media.image(_png_header(6300, 6300), param=param)
+        with pytest.raises(InvalidRequest, match="in all"):  # refused before decoding
+            media.image(_png_header(6300, 6300), param="c")
+    media.image(small, param="free")  # outside a request: no budget
+
+
+def test_an_image_url_that_trickles_is_cut_at_the_deadline(monkeypatch: pytest.MonkeyPatch):
+    """Round 4: a picture URL sending a byte every 5 s had no total deadline."""
+    import asyncio
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from localllm.server import media as smedia
+
+    class Trickle(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            try:
+                for _ in range(1000):
+                    self.wfile.write(b"x")
+                    self.wfile.flush()
+                    time.sleep(0.2)  # each byte well within the read timeout
+            except OSError:
+                return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(smedia, "FETCH_TIMEOUT_S", 1.0)
+    url = f"http://127.0.0.1:{server.server_address[1]}/a.png"
+    try:
+        with pytest.raises(InvalidRequest, match="took over 1 s") as err:
+            asyncio.run(smedia.fetch([url], allowed=True))
+        assert err.value.code == "image_url_timeout" and url in err.value.message
+    finally:
+        server.shutdown()

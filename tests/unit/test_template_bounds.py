@@ -111,3 +111,50 @@ def test_a_template_stopped_on_one_thread_leaves_others_alone(monkeypatch):
                "{% endfor %}")
     t.join()
     assert results == ["hi"] * 200
+
+
+@pytest.mark.parametrize("template", [
+    "{{ (['x' * 16000000] * 30) | join }}",  # round 4: 480 M characters before any bound
+    "{{ ['x' * 16000000] * 30 }}",
+    "{{ ['x' * 9000000, 'y' * 9000000] }}",
+    "{% set s = 'x' * 9000000 %}{{ s ~ s }}",
+    "{% set s = 'x' * 9000000 %}{{ s + s }}",
+    "{% set s = 'x' * 9000000 %}{{ (s, s) }}",
+    "{% set s = 'x' * 9000000 %}{{ {'a': s, 'b': s} }}",
+    "{% set s = 'x' * 9000000 %}{{ '%s%s' % (s, s) }}",
+    "{{ '%099999999d' % 1 }}",
+    "{% set s = 'x' * 9000000 %}{{ s.replace('x', 'xx') }}",
+    "{% set s = 'x' * 9000000 %}{{ s | replace('x', 'xx') }}",
+    "{% set s = 'x' * 9000000 %}{{ '-'.join([s, s]) }}",
+    "{% set s = 'x' * 9000000 %}{{ '{}{}'.format(s, s) }}",
+    "{{ 'x'.ljust(99999999) }}",
+    "{{ ('\t' * 1000000).expandtabs(100) }}",
+    "{% set ns = namespace(s='x' * 1000000) %}{% for i in range(30) %}"
+    "{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}",
+])
+def test_values_are_bounded_while_the_template_renders(template: str):
+    """No value a template builds may pass the output limit, checked before it is built:
+    the peak of Python's allocations stays near the largest value allowed (the 16 MB
+    strings the templates start from), never the hundreds of MB they asked for."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidRequest) as err:
+            render(template)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "output limit" in err.value.message and err.value.code == "template_failed"
+    assert peak < 64 * 1024 * 1024, peak
+
+
+def test_what_real_templates_do_still_renders():
+    """Joins, concatenation, formatting and literals of ordinary size are untouched."""
+    out = render(
+        "{% set parts = ['a', 'b'] %}{{ parts | join(', ') }}|{{ '-'.join(parts) }}|"
+        "{{ 'x' ~ 1 ~ none }}|{{ [1, 2] + [3] }}|{{ '%s=%d' % ('n', 2) }}|"
+        "{{ '{}!'.format('hi') }}|{{ {'k': (1, 2)} }}|{{ 'ab' | replace('a', 'c') }}|"
+        "{% for a, b in [(1, 2)] %}{{ a + b }}{% endfor %}|{{ 'x' | format() }}"
+    )
+    assert out == "a, b|a-b|x1None|[1, 2, 3]|n=2|hi!|{'k': (1, 2)}|cb|3|x"

@@ -85,7 +85,7 @@ def _thinking(text: str) -> dict[str, Any]:
 async def _messages(request: Request, body: MessagesBody | CountBody) -> list[Message]:
     """The body's messages, its pictures fetched (when allowed) and decoded off the loop."""
     fetched = await prefetch(request, body.image_urls())
-    return await off_loop(lambda: body.engine_messages(fetched))
+    return await off_loop(lambda: body.engine_messages(fetched), request, body.model)
 
 
 @router.post("/v1/messages", response_model=None)

@@ -401,7 +401,9 @@ async def chat(body: ChatBody, request: Request) -> JSONResponse | StreamingResp
     settings: Settings = request.app.state.settings
     req = EngineRequest(
         body.sampling(),
-        messages=await smedia.off_loop(lambda: [m.to_message() for m in body.messages]),
+        messages=await smedia.off_loop(
+            lambda: [m.to_message() for m in body.messages], request, body.model
+        ),
         context_policy=settings.context_policy,
         tools=await smedia.off_loop(body.tool_spec),
         **body.engine_fields(request),
@@ -427,7 +429,9 @@ async def generate(body: GenerateBody, request: Request) -> JSONResponse | Strea
     else:
         turns = [Message("system", body.system)] if body.system else []
         images = body.images or ()
-        items = await smedia.off_loop(lambda: smedia.base64_media(images, param="images"))
+        items = await smedia.off_loop(
+            lambda: smedia.base64_media(images, param="images"), request, body.model
+        )
         text = media.with_markers(smedia.check_text(body.prompt, param="prompt"), items)
         turns.append(Message("user", text, media=items))
         req = EngineRequest(body.sampling(), messages=turns, **fields)

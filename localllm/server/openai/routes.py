@@ -89,7 +89,9 @@ async def chat_completions(
     body: ChatCompletionRequest, request: Request
 ) -> JSONResponse | StreamingResponse:
     fetched = await prefetch(request, [u for m in body.messages for u in m.image_urls()])
-    messages = await off_loop(lambda: [m.to_message(fetched) for m in body.messages])
+    messages = await off_loop(
+        lambda: [m.to_message(fetched) for m in body.messages], request, body.model
+    )
     tools = await off_loop(body.tool_spec)  # a thousand tools' schemas compiled
     policy = request.app.state.settings.context_policy
     req = chat_request(body, messages, tools, context_policy=policy, **who(request))

@@ -115,7 +115,7 @@ async def _engine_request(
 ) -> EngineRequest:
     body.check_include()
     fetched = await prefetch(request, image_urls(items))
-    messages = await off_loop(lambda: messages_of(items, fetched))
+    messages = await off_loop(lambda: messages_of(items, fetched), request, body.model)
     if body.instructions:
         messages.insert(0, Message("system", body.instructions))
     if not messages:
