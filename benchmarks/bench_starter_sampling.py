@@ -28,11 +28,11 @@ from typing import Any
 
 from benchmarks.common import machine
 from benchmarks.short_answers import SHORT, right
+from localllm.agent.loop_guard import LoopGuard
 from localllm.backends.base import Message, SamplingParams
 from localllm.config import Settings
 from localllm.engine.engine import Engine
 from localllm.engine.request import Request
-from localllm.tui.loop_guard import LoopGuard
 
 PROMPTS = {
     "code": "Write a Python function that checks whether a number is prime, with a short "

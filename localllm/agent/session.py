@@ -1,7 +1,7 @@
 """One conversation's tools: which are offered, the approvals its user gave, and each
 call run under them. The loop around it (answer, calls, results, answer again, up to
-the step limit) is the chat's (tui/agent_turns.py): this module decides nothing on
-screen, so it is tested without one.
+the step limit) is agent/turn.py's: this module decides nothing on screen, so it
+is tested without one.
 
 A call is never run, nor the user asked, when its tool is unknown, its arguments do not
 match the tool's schema, or the tool knows it cannot run (a path outside the folder):
@@ -23,7 +23,8 @@ from localllm.backends.base import ToolCall
 from localllm.backends.tools import ToolChoice, ToolSpec
 from localllm.fsguard import PathRefused
 
-Decision = Literal["once", "always", "deny", "stop"]
+# "unasked": nobody could be asked (a script with no terminal): refused, the model told why
+Decision = Literal["once", "always", "deny", "stop", "unasked"]
 Status = Literal["ok", "error", "denied", "stopped", "not run"]
 # asks the user about one call: the tool, its checked arguments and what to show
 Approver = Callable[[Tool, dict[str, Any], Preview], Awaitable[Decision]]
@@ -31,6 +32,10 @@ Approver = Callable[[Tool, dict[str, Any], Preview], Awaitable[Decision]]
 log = logging.getLogger(__name__)
 
 DENIED = "The user denied this call; it was not run. Do not try it again unasked."
+UNASKED = (
+    "Not run: nobody was there to approve this call (no terminal to ask, and it was not "
+    "allowed in advance). Answer with what you have."
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +90,8 @@ class AgentSession:
                 return ToolRun(call, "Not run: the user stopped the turn.", "stopped")
             if decision == "deny":
                 return ToolRun(call, DENIED, "denied")
+            if decision == "unasked":
+                return ToolRun(call, UNASKED, "denied")
             if decision == "always":
                 self.always.add(tool.name)
         try:

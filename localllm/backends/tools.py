@@ -309,11 +309,13 @@ def _hermes_calls(text: str, known: set[str]) -> tuple[list[ToolCall], bool]:
 # the call's JSON alone on a line, mostly in a ```json fence. That is read as the call it
 # is when each value is a call of an offered function and nothing but whitespace and
 # fences follows it; prose before it stays content.
-_BARE_HEAD = re.compile(r'(?:^|\n)[ \t]*(?:```(?:json)?[ \t]*\n\s*)?(\{\s*"name"\s*:)')
+# an untagged call's head; "{{" too: Qwen2.5's template shows the call as
+# {{"name": ..., "arguments": ...}} (a Jinja escape left in its text), and its models copy it
+_BARE_HEAD = re.compile(r'(?:^|\n)[ \t]*(?:```(?:json)?[ \t]*\n\s*)?(\{\{?\s*"name"\s*:)')
 _GAP = re.compile(r"(?:\s|```(?:json)?)*")
 _FENCE_LINE = re.compile(r"```(?:json)?[ \t]*\n\s*")
 _FENCE_START = re.compile(r"```(?:j|js|jso|json)?[ \t]*")
-_BRACE_START = re.compile(r'\{\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
+_BRACE_START = re.compile(r'\{\{?\s*(?:"(?:n(?:a(?:m(?:e(?:"\s*)?)?)?)?)?)?')
 
 
 def _bare_calls(text: str, known: set[str], whole: bool = True) -> tuple[int, list[ToolCall]]:
@@ -325,12 +327,17 @@ def _bare_calls(text: str, known: set[str], whole: bool = True) -> tuple[int, li
     values: list[Any] = []
     i = head.start(1)
     while (i := _skip_gap(text, i)) < len(text):
+        doubled = text.startswith("{{", i)  # {{...}}: the object inside the extra braces
         try:
-            value, i = jsontext.raw_decode(text, i)
+            value, i = jsontext.raw_decode(text, i + doubled)
         except ValueError:
             if whole:
                 return len(text), []
             break
+        if doubled:
+            if not text.startswith("}", i):
+                return (len(text), []) if whole else (head.start(), [])
+            i += 1
         values += value if isinstance(value, list) else [value]
     return head.start(), _as_calls(values, known) or []
 

@@ -17,6 +17,7 @@ from typing import Any
 from textual import on, work
 from textual.containers import VerticalScroll
 
+from localllm.agent.loop_guard import LoopGuard
 from localllm.backends import reasoning
 from localllm.backends.base import (
     Chunk,
@@ -37,7 +38,6 @@ from localllm.errors import ContextOverflow, LocalLLMError
 from localllm.history import Attachment, Conversation, History, StoredMessage
 from localllm.tui.attach import Attached, AttachError, attach
 from localllm.tui.commands import COMPACT_AT, SUMMARY_PREFIX, Commands, summary_text
-from localllm.tui.loop_guard import LoopGuard
 from localllm.tui.pacing import RedrawPacer
 from localllm.tui.screens.dialogs import FullContextScreen
 from localllm.tui.widgets.chat_input import ChatInput

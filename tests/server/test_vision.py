@@ -198,6 +198,9 @@ def test_bad_images_are_refused_by_name(seer: ServerProcess):
     assert err["code"] == "audio_not_supported"
     bad = {"type": "input_audio", "input_audio": {"data": PNG, "format": "wav"}}
     assert refused("seer", bad)["code"] == "unsupported_media"
+    r = httpx.post(seer.base + "/api/generate", timeout=60, json={
+        "model": "seer", "prompt": "x", "images": ["AAAA"], "stream": False})
+    assert r.status_code == 400 and "not an image" in r.json()["error"], r.text
     r = httpx.post(seer.base + "/api/generate", json={
         "model": "seer", "prompt": "x", "raw": True, "images": [PNG], "stream": False},
         timeout=60)

@@ -5,8 +5,8 @@ scripted model (backends/fake.py), whose replies stage the loop."""
 
 from __future__ import annotations
 
+from localllm.agent.loop_guard import LoopGuard
 from localllm.history import ConversationSettings
-from localllm.tui.loop_guard import LoopGuard
 from tests.tui.conftest import wait_for
 
 LOOP = "def is_prime(n):\n" + "    if isinstance(n, bool) and n == 1: return False\n" * 19

@@ -41,6 +41,32 @@ def test_run_reads_stdin_and_system(tmp_path: Path):
 
 
 @pytest.mark.process
+def test_run_tools_on_the_starter_speaks_json_and_its_status_says_how_it_ended(
+    tmp_path: Path,
+):
+    """`run --tools --json` in a real process on the real starter (which calls tools
+    badly: what is checked is the face, whatever the model does): every stdout line is
+    a JSON event, the last says the outcome, the exit status matches it, and with no
+    terminal and nothing allowed no call ran. The prompt after a bare --tools is the
+    prompt, not a tool list."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "NOTES.md").write_text("The secret word is pelican.\n")
+    r = cli("run", "--folder", str(folder), "--steps", "1", "--max-tokens", "40",
+            "--threads", str(THREADS), "--json", "--tools",
+            "What is the secret word in NOTES.md?", tmp=tmp_path)
+    events = [json.loads(line) for line in r.stdout.splitlines()]
+    assert events and events[-1]["type"] == "end", r.stdout + r.stderr
+    exits = {"done": 0, "step_limit": 3, "stopped": 4, "loop": 4}
+    assert r.returncode == exits[events[-1]["outcome"]], r.stderr
+    assert all(e["status"] in ("denied", "error", "not run") for e in events
+               if e["type"] == "result")
+    assert "Traceback" not in r.stderr
+    bad = cli("run", "hi", "--tools", "read_file,rm_rf", tmp=tmp_path)
+    assert bad.returncode == 2 and "rm_rf: not a built-in tool" in bad.stderr
+
+
+@pytest.mark.process
 def test_list_and_info(tmp_path: Path):
     r = cli("list", tmp=tmp_path)
     assert r.returncode == 0

@@ -310,3 +310,19 @@ def test_json_that_is_not_an_offered_call_stays_text_and_is_all_passed_on():
     # a fence of another language is passed on as soon as its first line says so
     shown, _ = stream("```python\nprint(1)\n", ["get_weather"], 1)
     assert "".join(shown).startswith("```python\n")
+
+
+def test_a_call_in_the_double_braces_qwens_template_shows_is_read():
+    """Qwen2.5's template shows a call as {{"name": ..., "arguments": ...}} (a Jinja
+    escape left in its text), and Qwen2.5-Coder-1.5B answered exactly that at temperature
+    0 (`localllm run --tools`, "Which function is defined in src/calc.py?"): it is the
+    call, streamed or whole; braces that do not close as a call's stay text."""
+    text = '{{"name": "read_file", "arguments": {"path": "src/calc.py"}}}'
+    whole = tools.parse("hermes", text, ["read_file"])
+    assert [(c.name, json.loads(c.arguments)) for c in whole.calls] == [
+        ("read_file", {"path": "src/calc.py"})] and whole.content == ""
+    reader = ReplyReader("hermes", ["read_file"])
+    shown = "".join(reader.feed(ch) for ch in text)
+    assert shown == "" and [c.name for c in reader.close().calls] == ["read_file"]
+    for kept in ('{{"name": "read_file", "arguments": {}}', "Use {{name}} here."):
+        assert tools.parse("hermes", kept, ["read_file"]).calls == []

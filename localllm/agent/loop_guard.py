@@ -1,6 +1,7 @@
-"""The chat's loop guard: an answer that repeats itself verbatim (the same line or
-sentence, or the same few lines, again and again in a row) is stopped, and the user is
-told in one line, with a key to let it go on. Small models at low temperature fall into
+"""The loop guard of an agent's turn (agent/turn.py: the chat and `localllm run`): an
+answer that repeats itself verbatim (the same line or sentence, or the same few lines,
+again and again in a row) is stopped, and the user is told (the chat offers a key to let
+it go on). Small models at low temperature fall into
 such loops (the starter wrote one line of code nineteen times until its token limit).
 The endpoint never does this: its clients decide for themselves.
 
